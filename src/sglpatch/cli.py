@@ -1,0 +1,176 @@
+"""Command line: argument parsing and messages only; the logic lives in the rooms."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from sglpatch import install, stack, upstream
+from sglpatch.errors import SglpatchError
+from sglpatch.lock import read_lock
+
+
+def _add_workdir(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--workdir", help="the fork's git workdir (default: $SGLANG_FORK_DIR or ~/sglang-fork)")
+    p.add_argument("--project", help="project root holding series, patches/, upstream.lock (default: found from cwd)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="sglpatch", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    # --- foundation (owner: core) ---------------------------------------
+    # (apply / export / status / check / lock are added by _add_core)
+    _add_core(sub)
+
+    # --- profile-report (owner: P4 helper) --------------------------------
+    _add_profile_report(sub)
+
+    # --- regress (owner: regress helper) -----------------------------------
+    _add_regress(sub)
+
+    # --- bisect (owner: bisect helper) -------------------------------------
+    _add_bisect(sub)
+
+    # --- rebase (owner: rebase helper) -------------------------------------
+    _add_rebase(sub)
+    return parser
+
+
+def _workdir(args) -> Path:
+    return Path(args.workdir or os.environ.get("SGLANG_FORK_DIR") or Path.home() / "sglang-fork").expanduser()
+
+
+def _project(args) -> Path:
+    return Path(args.project).resolve() if getattr(args, "project", None) else stack.find_project()
+
+
+def _cmd_apply(args) -> int:
+    project, workdir = _project(args), _workdir(args)
+    source = args.source
+    if source == "auto":
+        lock = read_lock(project)
+        ok, why = upstream.source_reachable(args.upstream_url or lock.url, lock.tag, timeout=args.probe_timeout)
+        source = "git" if ok else "sdist"
+        print(f"sglpatch: source: {source} ({why})", file=sys.stderr)
+    result = stack.apply(project, workdir, source=source, force=args.force, python=args.python, url=args.upstream_url)
+    print(result.message)
+    if not args.no_install:
+        print(install.install(workdir, python=args.python, installer=args.installer))
+        py = args.python or sys.executable
+        have = install.installed_sglang(py)
+        if have:
+            print(f"{py} imports sglang {have[1]} from {have[0]}")
+        else:
+            print(f"warning: {py} cannot import sglang yet (its dependencies may be missing)")
+    return 0
+
+
+def _cmd_export(args) -> int:
+    res = stack.export(_project(args), _workdir(args))
+    total = len(res.written) + len(res.unchanged)
+    print(
+        f"exported {total} patches: {len(res.written)} written, {len(res.unchanged)} unchanged, "
+        f"{len(res.removed)} removed; series {'updated' if res.series_changed else 'unchanged'}"
+    )
+    for name in res.written:
+        print(f"  wrote   patches/{name}")
+    for name in res.removed:
+        print(f"  removed patches/{name}")
+    return 0
+
+
+def _cmd_status(args) -> int:
+    print("\n".join(stack.status(_project(args), _workdir(args))))
+    return 0
+
+
+def _cmd_check(args) -> int:
+    workdir = _workdir(args) if args.workdir else None
+    problems = stack.check(_project(args), workdir, source=args.source)
+    for p in problems:
+        print(f"FAIL {p}")
+    if problems:
+        print(f"check: {len(problems)} problem(s)")
+        return 1
+    print("check: series, patches/, upstream.lock consistent; every patch applies exactly to the pinned tree")
+    return 0
+
+
+def _cmd_lock(args) -> int:
+    project = _project(args)
+    if args.resolve:
+        print(upstream.resolve_commit(project))
+    if args.update_blobs:
+        blobs = stack.update_blobs(project, _workdir(args))
+        print(f"upstream.lock: {len(blobs)} blob ids recorded")
+    if not (args.resolve or args.update_blobs):
+        print(read_lock(project).dumps(), end="")
+    return 0
+
+
+def _add_core(sub) -> None:
+    p = sub.add_parser("apply", help="build branch patched in the workdir from upstream.lock + series, and install it")
+    _add_workdir(p)
+    p.add_argument("--source", choices=["auto", "git", "sdist"], default="sdist", help="where the upstream tree comes from")
+    p.add_argument("--upstream-url", help="override upstream.url (a mirror); https, ssh or file URLs only")
+    p.add_argument("--probe-timeout", type=float, default=8.0, help="seconds --source auto waits for the git URL")
+    p.add_argument("--no-install", action="store_true", help="do not pip-install the patched tree")
+    p.add_argument("--python", help="interpreter to install into (default: this one)")
+    p.add_argument("--installer", choices=["auto", "pip", "uv"], default="auto", help="auto: uv when found, else pip")
+    p.add_argument("--force", action="store_true", help="rebuild even over unexported commits (kept as a backup ref)")
+    p.set_defaults(func=_cmd_apply)
+
+    p = sub.add_parser("export", help="write upstream..patched back to patches/ and series (byte-stable)")
+    _add_workdir(p)
+    p.set_defaults(func=_cmd_export)
+
+    p = sub.add_parser("status", help="pin, applied patches, dirty state")
+    _add_workdir(p)
+    p.set_defaults(func=_cmd_status)
+
+    p = sub.add_parser("check", help="series vs patches/ vs lock; every patch applies exactly (CI gate)")
+    _add_workdir(p)
+    p.add_argument("--source", choices=["git", "sdist"], default="sdist")
+    p.set_defaults(func=_cmd_check)
+
+    p = sub.add_parser("lock", help="show upstream.lock, resolve the full commit id, or refresh blob ids")
+    _add_workdir(p)
+    p.add_argument("--resolve", action="store_true", help="replace upstream.commit by the full id (git ls-remote)")
+    p.add_argument("--update-blobs", action="store_true", help="record blob ids of the files the series touches")
+    p.set_defaults(func=_cmd_lock)
+
+
+def _add_profile_report(sub) -> None:
+    pass
+
+
+def _add_regress(sub) -> None:
+    pass
+
+
+def _add_bisect(sub) -> None:
+    pass
+
+
+def _add_rebase(sub) -> None:
+    pass
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except SglpatchError as e:
+        print(f"sglpatch: error: {e}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        print("sglpatch: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,12 @@
+"""The one exception type the CLI turns into a one-line message and an exit code."""
+
+
+class SglpatchError(Exception):
+    """A failure the user can act on; str(e) is a single line saying what and what to do."""
+
+    exit_code = 1
+
+    def __init__(self, message: str, exit_code: int | None = None):
+        super().__init__(message)
+        if exit_code is not None:
+            self.exit_code = exit_code

@@ -1,0 +1,61 @@
+"""Small file-system helpers: atomic writes, an exclusive lock file."""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import tempfile
+from contextlib import contextmanager
+from pathlib import Path
+
+from sglpatch.errors import SglpatchError
+
+
+def write_if_changed(path: Path, data: bytes) -> bool:
+    """Atomically replace path with data unless it already holds exactly these bytes.
+
+    The new content is written to a temporary file beside it and renamed over it, so a
+    full disk or a kill leaves either the old file or the new one, never half of one.
+    """
+    path = Path(path)
+    try:
+        if path.read_bytes() == data:
+            return False
+    except FileNotFoundError:
+        pass
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=str(path.parent))
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as e:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        if e.errno == errno.ENOSPC:
+            raise SglpatchError(f"no space left on device while writing {path}; nothing was changed there, free space and re-run") from None
+        raise SglpatchError(f"cannot write {path}: {e.strerror}") from None
+    return True
+
+
+@contextmanager
+def exclusive(lockfile: Path, what: str):
+    """Hold an exclusive, non-blocking lock on lockfile for the duration."""
+    lockfile = Path(lockfile)
+    lockfile.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(str(lockfile), os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise SglpatchError(f"another sglpatch command is working on {what} ({lockfile} is locked); wait for it to finish") from None
+        os.ftruncate(fd, 0)
+        os.write(fd, str(os.getpid()).encode())
+        yield
+    finally:
+        os.close(fd)

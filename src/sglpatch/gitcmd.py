@@ -1,0 +1,245 @@
+"""The only place that runs git: fixed flags, validated refs and URLs.
+
+Every call goes through :class:`Git`, which runs the git binary through GitPython's
+``Git.execute`` with
+
+* the user's global/system configuration ignored for local operations, so a
+  ``diff.noprefix``, ``format.signature`` or ``core.autocrlf`` on the container
+  cannot change what we apply or export (network operations keep the user's
+  configuration: proxies and credential helpers live there);
+* a fixed identity and fixed committer dates, so the same series on the same
+  upstream gives the same commit ids on every machine;
+* hooks disabled, the ``ext::`` transport disabled, no terminal prompts.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tempfile
+from pathlib import Path
+
+import git as gitpython  # GitPython
+
+from sglpatch.errors import SglpatchError
+
+IDENTITY_NAME = "sglpatch"
+IDENTITY_EMAIL = "sglpatch@localhost"
+# Commits we create (upstream snapshots) carry this date; commits made from a patch carry
+# the patch's author date as committer date (``git am --committer-date-is-author-date``).
+FIXED_DATE = "2000-01-01T00:00:00+00:00"
+
+_FIXED_CONFIG = [
+    "core.autocrlf=false",
+    "core.safecrlf=false",
+    "core.eol=lf",
+    "core.hooksPath=/dev/null",
+    "core.quotepath=false",
+    "core.fsmonitor=false",
+    "commit.gpgsign=false",
+    "advice.detachedHead=false",
+    "protocol.ext.allow=never",
+    "protocol.file.allow=always",
+    "diff.noprefix=false",
+    "diff.mnemonicprefix=false",
+    "diff.renames=true",
+    "diff.algorithm=myers",
+    "format.signature=",
+    "format.coverLetter=false",
+    "i18n.commitEncoding=UTF-8",
+    "i18n.logOutputEncoding=UTF-8",
+    "gc.auto=0",
+    "maintenance.auto=false",
+]
+
+_SHA_RE = re.compile(r"^[0-9a-f]{7,40}$")
+_REF_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._/+@^~-]*$")
+_SCP_RE = re.compile(r"^[A-Za-z0-9._-]+@[A-Za-z0-9.-]+:[A-Za-z0-9._/~-]+$")
+
+
+class GitError(SglpatchError):
+    """A git command failed; the message names the command and git's own last line."""
+
+
+def validate_ref(ref: str, what: str = "ref") -> str:
+    """Refuse refs that git could read as options or that are not plain names/ids."""
+    if not isinstance(ref, str) or not ref:
+        raise SglpatchError(f"invalid {what}: empty")
+    if ref.startswith("-"):
+        raise SglpatchError(f"invalid {what} {ref!r}: must not start with '-'")
+    if not _REF_RE.match(ref) or ".." in ref or "@{" in ref or ref.endswith((".lock", "/", ".")):
+        raise SglpatchError(f"invalid {what} {ref!r}: use a tag, branch or commit id")
+    return ref
+
+
+def validate_sha(sha: str, what: str = "commit") -> str:
+    if not isinstance(sha, str) or not _SHA_RE.match(sha):
+        raise SglpatchError(f"invalid {what} {sha!r}: expected 7-40 lowercase hex digits")
+    return sha
+
+
+def validate_url(url: str) -> str:
+    """Only https://, ssh://, scp-like git@host:path and file:// (or a local path) are accepted."""
+    if not isinstance(url, str) or not url.strip():
+        raise SglpatchError("invalid upstream url: empty")
+    if url != url.strip() or any(c.isspace() for c in url):
+        raise SglpatchError(f"invalid upstream url {url!r}: contains whitespace")
+    if url.startswith("-"):
+        raise SglpatchError(f"invalid upstream url {url!r}: must not start with '-'")
+    if "::" in url:
+        raise SglpatchError(f"invalid upstream url {url!r}: transport helpers (ext::, fd::) are not allowed")
+    lowered = url.lower()
+    if lowered.startswith(("https://", "ssh://", "file://")):
+        return url
+    if _SCP_RE.match(url):
+        return url
+    if url.startswith("/"):
+        return url
+    raise SglpatchError(f"invalid upstream url {url!r}: only https://, ssh://, git@host:path and file:// are accepted")
+
+
+def _base_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(
+        {
+            "GIT_TERMINAL_PROMPT": "0",
+            "GIT_AUTHOR_NAME": IDENTITY_NAME,
+            "GIT_AUTHOR_EMAIL": IDENTITY_EMAIL,
+            "GIT_COMMITTER_NAME": IDENTITY_NAME,
+            "GIT_COMMITTER_EMAIL": IDENTITY_EMAIL,
+            "LC_ALL": "C",
+            "LANG": "C",
+            "GIT_ALLOW_PROTOCOL": "https:ssh:file",
+            "GIT_EDITOR": "true",
+            "GIT_PAGER": "cat",
+        }
+    )
+    for k in ("GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE", "GIT_OBJECT_DIRECTORY", "GIT_NAMESPACE"):
+        env.pop(k, None)
+    return env
+
+
+class Git:
+    """git in one directory, with the fixed flags above."""
+
+    def __init__(self, workdir: Path | str):
+        self.workdir = Path(workdir)
+        self._runner = gitpython.Git(str(self.workdir))
+
+    # -- running ------------------------------------------------------------
+    def run(
+        self,
+        *args: str,
+        env: dict[str, str] | None = None,
+        input: bytes | str | None = None,
+        check: bool = True,
+        network: bool = False,
+        strip: bool = True,
+        binary: bool = False,
+        timeout: float | None = None,
+    ):
+        """Run ``git <args>`` and return stdout (str, or bytes with binary=True).
+
+        With check=False return (returncode, stdout, stderr) instead.
+        """
+        if not self.workdir.is_dir():
+            raise SglpatchError(f"{self.workdir} does not exist or is not a directory")
+        cmd = [gitpython.Git.GIT_PYTHON_GIT_EXECUTABLE or "git"]
+        for item in _FIXED_CONFIG:
+            cmd += ["-c", item]
+        cmd += list(args)
+        full_env = _base_env()
+        if not network:
+            # Local operations ignore the user's global/system config entirely.
+            full_env["GIT_CONFIG_NOSYSTEM"] = "1"
+            full_env["GIT_CONFIG_GLOBAL"] = os.devnull
+        if env:
+            full_env.update(env)
+        if isinstance(input, str):
+            input = input.encode()
+        with tempfile.TemporaryFile() as stdin:
+            if input is not None:
+                stdin.write(input)
+                stdin.seek(0)
+            try:
+                rc, raw_out, raw_err = self._runner.execute(
+                    cmd,
+                    istream=stdin,
+                    env=full_env,
+                    with_extended_output=True,
+                    with_exceptions=False,
+                    stdout_as_string=False,
+                    strip_newline_in_stdout=False,
+                    kill_after_timeout=timeout,
+                )
+            except gitpython.exc.GitCommandNotFound as e:
+                raise GitError(f"git is not installed or not on PATH ({e})") from None
+        out = raw_out if binary else raw_out.decode("utf-8", "surrogateescape")
+        err = raw_err.decode("utf-8", "replace") if isinstance(raw_err, bytes) else str(raw_err)
+        if not check:
+            return rc, out, err
+        if rc != 0:
+            last = [line for line in err.strip().splitlines() if line.strip()]
+            msg = last[-1] if last else f"exit {rc}"
+            raise GitError(f"git {args[0] if args else ''} failed in {self.workdir}: {msg}")
+        if strip and not binary:
+            out = out.strip()
+        return out
+
+    # -- queries ------------------------------------------------------------
+    def is_repo(self) -> bool:
+        if not (self.workdir / ".git").exists():
+            return False
+        rc, out, _ = self.run("rev-parse", "--show-toplevel", check=False)
+        return rc == 0 and Path(out.strip()).resolve() == self.workdir.resolve()
+
+    def rev(self, ref: str) -> str | None:
+        """Full commit id of ref, or None when it does not exist."""
+        validate_ref(ref)
+        rc, out, _ = self.run("rev-parse", "--verify", "--quiet", "--end-of-options", f"{ref}^{{commit}}", check=False)
+        return out.strip() if rc == 0 else None
+
+    def blob_id(self, commit: str, path: str) -> str | None:
+        rc, out, _ = self.run("rev-parse", "--verify", "--quiet", f"{commit}:{path}", check=False)
+        return out.strip() if rc == 0 else None
+
+    def current_branch(self) -> str | None:
+        """Branch HEAD points at (also when unborn), or None when detached."""
+        rc, out, _ = self.run("symbolic-ref", "--quiet", "--short", "HEAD", check=False)
+        return out.strip() if rc == 0 else None
+
+    def head_commit(self) -> str | None:
+        rc, out, _ = self.run("rev-parse", "--verify", "--quiet", "HEAD", check=False)
+        return out.strip() if rc == 0 else None
+
+    def dirty_files(self) -> list[str]:
+        """Tracked files with uncommitted changes (staged or not)."""
+        out = self.run("status", "--porcelain=v1", "--untracked-files=no", "-z", strip=False)
+        return [entry[3:] for entry in out.split("\0") if entry]
+
+    def commits(self, base: str, tip: str) -> list[str]:
+        """Commit ids of base..tip, oldest first; refuses merges."""
+        out = self.run("rev-list", "--reverse", "--parents", f"{base}..{tip}")
+        result = []
+        for line in out.splitlines():
+            parts = line.split()
+            if len(parts) > 2:
+                raise SglpatchError(f"{tip} contains merge commit {parts[0][:12]}; the stack must be linear (rebase it)")
+            result.append(parts[0])
+        return result
+
+    def subject(self, commit: str) -> str:
+        return self.run("log", "-1", "--format=%s", commit)
+
+    def config_get(self, key: str) -> str | None:
+        rc, out, _ = self.run("config", "--local", "--get", key, check=False)
+        return out.strip() if rc == 0 else None
+
+    def config_set(self, key: str, value: str) -> None:
+        self.run("config", "--local", key, value)
+
+    def update_ref(self, ref: str, new: str, old: str | None = None, message: str = "sglpatch") -> None:
+        args = ["update-ref", "-m", message, ref, new]
+        if old is not None:
+            args.append(old)
+        self.run(*args)

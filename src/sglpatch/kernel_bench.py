@@ -1,0 +1,603 @@
+"""Allreduce latency + correctness worker for `sglpatch regress --tier kernel`.
+
+One process per GPU, started by torchrun (or anything that sets RANK / WORLD_SIZE /
+LOCAL_RANK / MASTER_ADDR / MASTER_PORT):
+
+    torchrun --standalone --nproc-per-node 8 -m sglpatch.kernel_bench --out kb.json
+    torchrun --standalone --nproc-per-node 2 src/sglpatch/kernel_bench.py --out kb.json
+
+Standalone on purpose: it imports only the standard library and torch (sglang,
+sgl_kernel and flashinfer optionally, each guarded), so the file can be copied to a
+GPU box that has no sglpatch installed.
+
+For every backend present and every size in --sizes (rows x --hidden, bf16) it
+measures the allreduce eager and captured in a CUDA graph (like SGLang's decode),
+and checks every output against an exact reference: inputs are small integers,
+so their bf16 sum over <= 32 ranks is exact and any difference is a wrong result.
+
+Timing: one sample = --inner allreduces back to back (inputs rotate among --inner
+different buffers) between two CUDA events, divided by --inner; ranks are aligned
+on a CPU barrier before each sample; a sample's time is the slowest rank's.  The
+report gives the median and p90 over --samples samples, in microseconds.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+if __name__ == "__main__":  # run as a file: our own folder must not shadow stdlib modules
+    _here = os.path.dirname(os.path.abspath(__file__))
+    sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _here]
+
+import argparse
+import contextlib
+import datetime
+import json
+import platform
+import re
+import statistics
+import subprocess
+import time
+import traceback
+
+DEFAULT_SIZES = [1, 2, 3, 4, 8, 16, 64, 512, 2048]
+DEFAULT_HIDDEN = 7168
+ALL_BACKENDS = ["nccl", "symm_mem", "custom_ar", "flashinfer_fused"]
+SCHEMA = "sglpatch.kernel_bench/1"
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Nearest-rank-with-interpolation percentile (q in 0..100)."""
+    v = sorted(values)
+    if not v:
+        return float("nan")
+    k = (len(v) - 1) * q / 100.0
+    lo = int(k)
+    hi = min(lo + 1, len(v) - 1)
+    return v[lo] + (v[hi] - v[lo]) * (k - lo)
+
+
+def parse_sizes(text: str) -> list[int]:
+    out = [int(x) for x in re.split(r"[,\s]+", text.strip()) if x]
+    if not out or any(n <= 0 for n in out):
+        raise argparse.ArgumentTypeError(f"bad --sizes {text!r}: want positive integers like 1,2,3")
+    return out
+
+
+def build_arg_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="kernel_bench", description=__doc__.split("\n\n")[0])
+    p.add_argument("--sizes", type=parse_sizes, default=DEFAULT_SIZES, help="rows, comma separated")
+    p.add_argument("--hidden", type=int, default=DEFAULT_HIDDEN)
+    p.add_argument("--backends", default=",".join(ALL_BACKENDS),
+                   help=f"comma separated subset of {ALL_BACKENDS}")
+    p.add_argument("--modes", default="eager,graph")
+    p.add_argument("--name-suffix", default="", help="appended to backend names, e.g. _p2p_off")
+    p.add_argument("--samples", type=int, default=40)
+    p.add_argument("--inner", type=int, default=10)
+    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--out", required=True, help="JSON result (written by rank 0)")
+    p.add_argument("--custom-ar-max-bytes", type=int, default=64 * 1024 * 1024,
+                   help="max_size given to SGLang's CustomAllreduce (so every size is measured)")
+    return p
+
+
+# --------------------------------------------------------------------------- hardware
+
+
+def _run_quiet(cmd: list[str], timeout: float = 20.0) -> str | None:
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return r.stdout if r.returncode == 0 else None
+
+
+def nvlink_from_topo(topo: str | None) -> bool | None:
+    """True when `nvidia-smi topo -m` shows an NV# link between two GPUs, False when it
+    shows GPUs but none, None when unknown."""
+    if not topo:
+        return None
+    gpu_rows = [ln for ln in topo.splitlines() if re.match(r"^\s*GPU\d+\s", ln)]
+    if not gpu_rows:
+        return None
+    return any(re.search(r"\bNV\d+\b", ln) for ln in gpu_rows)
+
+
+def hardware_info(torch, world_size: int) -> dict:
+    info: dict = {
+        "hostname": platform.node(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cuda_runtime": torch.version.cuda,
+        "world_size": world_size,
+        "visible_gpus": torch.cuda.device_count(),
+    }
+    try:
+        v = torch.cuda.nccl.version()
+        info["nccl"] = ".".join(str(x) for x in v) if isinstance(v, tuple) else str(v)
+    except Exception as e:  # noqa: BLE001
+        info["nccl"] = f"unknown ({e})"
+    names = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+    info["gpu_names"] = names
+    info["gpu_name"] = names[0] if names and len(set(names)) == 1 else names
+    cap = torch.cuda.get_device_capability(0)
+    info["compute_capability"] = f"{cap[0]}.{cap[1]}"
+    n = min(world_size, torch.cuda.device_count())
+    p2p = {}
+    for a in range(n):
+        for b in range(n):
+            if a != b:
+                p2p[f"{a}->{b}"] = bool(torch.cuda.can_device_access_peer(a, b))
+    info["p2p_access"] = p2p
+    topo = _run_quiet(["nvidia-smi", "topo", "-m"])
+    info["nvidia_smi_topo"] = topo
+    info["nvlink"] = nvlink_from_topo(topo)
+    drv = _run_quiet(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"])
+    info["driver"] = drv.strip().splitlines()[0] if drv else None
+    info["env"] = {k: v for k, v in sorted(os.environ.items())
+                   if k.startswith(("NCCL_", "TORCH_SYMM_MEM", "NVSHMEM_", "SGLANG_", "CUDA_VISIBLE"))}
+    return info
+
+
+# --------------------------------------------------------------------------- inputs
+
+
+def make_input(torch, rank: int, k: int, rows: int, hidden: int, device):
+    """Small integers in [-3, 3]; depend on rank and on the op index k."""
+    idx = torch.arange(rows * hidden, device=device, dtype=torch.int64)
+    v = (idx * 3 + rank * 5 + k * 11) % 7 - 3
+    return v.to(torch.bfloat16).view(rows, hidden)
+
+
+def make_reference(torch, world_size: int, k: int, rows: int, hidden: int, device):
+    acc = None
+    for r in range(world_size):
+        x = make_input(torch, r, k, rows, hidden, device).float()
+        acc = x if acc is None else acc + x
+    return acc.to(torch.bfloat16)
+
+
+# --------------------------------------------------------------------------- backends
+
+
+class Unavailable(Exception):
+    """Backend not present here; str() is the reason."""
+
+
+class Backend:
+    """One allreduce implementation.  `prepare(rows)` allocates; `op(k)` runs op k and
+    returns its output; `refill()` restores inputs before a sample; `capture_ctx()`
+    wraps CUDA-graph capture."""
+
+    name = "?"
+    in_place = False
+
+    def __init__(self, torch, dist, ctx):
+        self.torch, self.dist, self.ctx = torch, dist, ctx
+
+    def supports(self, rows: int) -> str | None:  # None = yes, else reason
+        return None
+
+    def prepare(self, rows: int, inner: int) -> None:
+        t, c = self.torch, self.ctx
+        self.rows = rows
+        self.pristine = [make_input(t, c.rank, k, rows, c.hidden, c.device) for k in range(inner)]
+        self.refs = [make_reference(t, c.world_size, k, rows, c.hidden, c.device) for k in range(inner)]
+
+    def refill(self) -> None:
+        pass
+
+    def capture_ctx(self):
+        return contextlib.nullcontext()
+
+    def check(self, outs) -> tuple[bool, float, str]:
+        worst = 0.0
+        for k, (o, ref) in enumerate(zip(outs, self.refs)):
+            if o is None:
+                return False, float("inf"), f"op {k} returned no output"
+            d = (o.float() - ref.float()).abs()
+            if not bool(self.torch.isfinite(o.float()).all()):
+                return False, float("inf"), f"op {k}: non-finite values"
+            m = float(d.max())
+            worst = max(worst, m)
+        return worst == 0.0, worst, "" if worst == 0.0 else f"max abs error {worst}"
+
+    def close(self) -> None:
+        pass
+
+
+class NcclBackend(Backend):
+    name = "nccl"
+    in_place = True
+
+    def prepare(self, rows, inner):
+        super().prepare(rows, inner)
+        self.bufs = [p.clone() for p in self.pristine]
+
+    def refill(self):
+        for b, p in zip(self.bufs, self.pristine):
+            b.copy_(p)
+
+    def op(self, k):
+        self.dist.all_reduce(self.bufs[k])
+        return self.bufs[k]
+
+
+class SymmMemBackend(Backend):
+    """torch symmetric memory one-shot allreduce (P2P loads, no multicast); drop-in
+    cost: the input is copied into the symmetric buffer first, like SGLang's eager
+    custom allreduce does."""
+
+    name = "symm_mem"
+
+    def __init__(self, torch, dist, ctx):
+        super().__init__(torch, dist, ctx)
+        try:
+            import torch.distributed._symmetric_memory as symm_mem
+        except Exception as e:  # noqa: BLE001
+            raise Unavailable(f"torch.distributed._symmetric_memory does not import: {e}")
+        if not hasattr(torch.ops, "symm_mem") or not hasattr(torch.ops.symm_mem, "one_shot_all_reduce"):
+            raise Unavailable(f"torch {torch.__version__} has no torch.ops.symm_mem.one_shot_all_reduce")
+        self.symm_mem = symm_mem
+        self.group_name = dist.group.WORLD.group_name
+        self.buffers: dict[int, object] = {}
+
+    def prepare(self, rows, inner):
+        super().prepare(rows, inner)
+        if rows not in self.buffers:
+            t = self.torch
+            buf = self.symm_mem.empty((rows, self.ctx.hidden), dtype=t.bfloat16, device=self.ctx.device)
+            self.symm_mem.rendezvous(buf, self.group_name)
+            self.buffers[rows] = buf
+        self.buf = self.buffers[rows]
+
+    def op(self, k):
+        self.buf.copy_(self.pristine[k])
+        return self.torch.ops.symm_mem.one_shot_all_reduce(self.buf, "sum", self.group_name)
+
+
+class CustomArBackend(Backend):
+    """SGLang's CustomAllreduce through the patched tree, P2's PCIe switch on."""
+
+    name = "custom_ar"
+
+    def __init__(self, torch, dist, ctx):
+        super().__init__(torch, dist, ctx)
+        os.environ.setdefault("SGLANG_ENABLE_PCIE_CUSTOM_AR", "1")
+        # measure past the shipped cap so the crossover can be found
+        os.environ.setdefault("SGLANG_PCIE_CUSTOM_AR_MAX_BYTES", str(ctx.custom_ar_max_bytes))
+        try:
+            import sgl_kernel  # noqa: F401
+        except Exception as e:  # noqa: BLE001
+            raise Unavailable(f"sgl_kernel does not import ({type(e).__name__}: {e})")
+        try:
+            from sglang.srt.distributed.device_communicators.custom_all_reduce import CustomAllreduce
+        except Exception as e:  # noqa: BLE001
+            raise Unavailable(f"sglang CustomAllreduce does not import ({type(e).__name__}: {e})")
+        self.ca = CustomAllreduce(group=ctx.cpu_group, device=ctx.device, max_size=ctx.custom_ar_max_bytes)
+        if getattr(self.ca, "disabled", False):
+            raise RuntimeError(
+                "CustomAllreduce constructed but disabled itself with SGLANG_ENABLE_PCIE_CUSTOM_AR=1 "
+                "(see the worker log for SGLang's reason)")
+
+    def supports(self, rows):
+        x = self.torch.empty((rows, self.ctx.hidden), dtype=self.torch.bfloat16, device=self.ctx.device)
+        if not self.ca.should_custom_ar(x):
+            return f"should_custom_ar() declined {x.numel() * 2} bytes"
+        return None
+
+    def capture_ctx(self):
+        return self.ca.capture()
+
+    def op(self, k):
+        return self.ca.custom_all_reduce(self.pristine[k])
+
+    def close(self):
+        with contextlib.suppress(Exception):
+            self.ca.close()
+
+
+class FlashinferFusedBackend(Backend):
+    """flashinfer fused allreduce + residual add + RMSNorm (P1's path).  Checked: the
+    residual output exactly, the normed output to 2e-2 relative."""
+
+    name = "flashinfer_fused"
+
+    def __init__(self, torch, dist, ctx):
+        super().__init__(torch, dist, ctx)
+        try:
+            import flashinfer.comm as comm
+        except Exception as e:  # noqa: BLE001
+            raise Unavailable(f"flashinfer.comm does not import ({type(e).__name__}: {e})")
+        if not hasattr(comm, "trtllm_allreduce_fusion"):
+            raise Unavailable("this flashinfer has no comm.trtllm_allreduce_fusion")
+        self.comm = comm
+        self.max_tokens = max(ctx.sizes)
+        self.ipc_handles, self.workspace = comm.trtllm_create_ipc_workspace_for_all_reduce_fusion(
+            ctx.rank, ctx.world_size, self.max_tokens, ctx.hidden, group=ctx.cpu_group,
+            use_fp32_lamport=False)
+        self.eps = 1e-6
+
+    def prepare(self, rows, inner):
+        super().prepare(rows, inner)
+        t, c = self.torch, self.ctx
+        self.gamma = (t.arange(c.hidden, device=c.device) % 3 + 1).to(t.bfloat16)
+        self.residual = ((t.arange(rows * c.hidden, device=c.device) % 5) - 2).to(t.bfloat16).view(rows, c.hidden)
+        self.res_refs = [(r.float() + self.residual.float()).to(t.bfloat16) for r in self.refs]
+        self.norm_refs = []
+        for y in self.res_refs:
+            yf = y.float()
+            n = yf * t.rsqrt(yf.pow(2).mean(-1, keepdim=True) + self.eps) * self.gamma.float()
+            self.norm_refs.append(n)
+        self.res_outs = [t.empty_like(self.residual) for _ in range(inner)]
+        self.norm_outs = [t.empty_like(self.residual) for _ in range(inner)]
+
+    def op(self, k):
+        c = self.ctx
+        self.comm.trtllm_allreduce_fusion(
+            allreduce_in=self.pristine[k], world_size=c.world_size, world_rank=c.rank,
+            token_num=self.rows, hidden_dim=c.hidden, workspace_ptrs=self.workspace,
+            launch_with_pdl=True, use_oneshot=True, trigger_completion_at_end=False, fp32_acc=False,
+            pattern_code=self.comm.AllReduceFusionPattern.kARResidualRMSNorm,
+            allreduce_out=None, residual_in=self.residual, residual_out=self.res_outs[k],
+            norm_out=self.norm_outs[k], quant_out=None, scale_out=None, rms_gamma=self.gamma,
+            rms_eps=self.eps, scale_factor=None, layout_code=None)
+        return k
+
+    def check(self, outs):
+        t = self.torch
+        worst = 0.0
+        for k in range(len(self.refs)):
+            r = self.res_outs[k].float()
+            if not bool(t.isfinite(r).all()) or not bool(t.isfinite(self.norm_outs[k].float()).all()):
+                return False, float("inf"), f"op {k}: non-finite values"
+            e_res = float((r - self.res_refs[k].float()).abs().max())
+            ref = self.norm_refs[k]
+            e_norm = float((self.norm_outs[k].float() - ref).norm() / ref.norm().clamp_min(1e-12))
+            worst = max(worst, e_res, e_norm)
+            if e_res != 0.0 or e_norm > 2e-2:
+                return False, worst, f"op {k}: residual max err {e_res}, norm rel err {e_norm:.3g}"
+        return True, worst, ""
+
+    def refill(self):
+        for o in self.res_outs + self.norm_outs:
+            o.fill_(float("nan"))
+
+
+BACKEND_CLASSES = {c.name: c for c in (NcclBackend, SymmMemBackend, CustomArBackend, FlashinferFusedBackend)}
+
+
+# --------------------------------------------------------------------------- measuring
+
+
+class Ctx:
+    pass
+
+
+def _poison(torch, outs):
+    for o in outs:
+        if isinstance(o, torch.Tensor):
+            o.fill_(float("nan"))
+
+
+def measure(backend: Backend, ctx, rows: int, mode: str) -> dict:
+    torch, dist = ctx.torch, ctx.dist
+    inner = ctx.args.inner
+    backend.prepare(rows, inner)
+    times: list[float] = []
+    start = torch.cuda.Event(enable_timing=True)
+    end = torch.cuda.Event(enable_timing=True)
+
+    def sample(fn):
+        torch.cuda.synchronize()
+        dist.barrier(group=ctx.cpu_group)
+        start.record()
+        res = fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1000.0 / inner)
+        return res
+
+    if mode == "eager":
+        def run_all():
+            return [backend.op(k) for k in range(inner)]
+        for _ in range(ctx.args.warmup):
+            backend.refill()
+            run_all()
+        outs = None
+        first_check = None
+        for s in range(ctx.args.samples):
+            backend.refill()
+            outs = sample(run_all)
+            if s == 0:
+                first_check = backend.check(outs)
+    else:
+        # warm up on a side stream as torch.cuda.graph wants, then capture `inner` ops
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                backend.refill()
+                [backend.op(k) for k in range(inner)]
+        torch.cuda.current_stream().wait_stream(side)
+        torch.cuda.synchronize()
+        backend.refill()
+        g = torch.cuda.CUDAGraph()
+        with backend.capture_ctx():
+            with torch.cuda.graph(g):
+                outs = [backend.op(k) for k in range(inner)]
+        torch.cuda.synchronize()
+        for _ in range(ctx.args.warmup):
+            backend.refill()
+            g.replay()
+        first_check = None
+        for s in range(ctx.args.samples):
+            backend.refill()
+            if not backend.in_place:
+                _poison(torch, outs)
+            sample(g.replay)
+            if s == 0:
+                first_check = backend.check(outs)
+        torch.cuda.synchronize()
+    ok, err, detail = backend.check(outs)
+    if first_check is not None and not first_check[0]:
+        ok, err, detail = first_check
+    if mode == "graph":
+        del g
+    return {"ok": ok, "max_abs_err": err, "detail": detail, "times_us": times}
+
+
+def gather(ctx, obj):
+    out = [None] * ctx.world_size
+    ctx.dist.all_gather_object(out, obj, group=ctx.cpu_group)
+    return out
+
+
+def run(args) -> int:
+    import torch
+    import torch.distributed as dist
+
+    rank = int(os.environ["RANK"])
+    world_size = int(os.environ["WORLD_SIZE"])
+    local_rank = int(os.environ.get("LOCAL_RANK", rank))
+    torch.cuda.set_device(local_rank)
+    device = torch.device("cuda", local_rank)
+    try:
+        dist.init_process_group("nccl", device_id=device)
+    except TypeError:
+        dist.init_process_group("nccl")
+    cpu_group = dist.new_group(backend="gloo")
+
+    ctx = Ctx()
+    ctx.torch, ctx.dist, ctx.args = torch, dist, args
+    ctx.rank, ctx.world_size, ctx.device, ctx.cpu_group = rank, world_size, device, cpu_group
+    ctx.hidden, ctx.sizes = args.hidden, args.sizes
+    ctx.custom_ar_max_bytes = args.custom_ar_max_bytes
+
+    def log(msg):
+        if rank == 0:
+            print(f"[kernel_bench] {msg}", flush=True)
+
+    t0 = time.time()
+    hw = hardware_info(torch, world_size) if rank == 0 else None
+    # NCCL warm-up (communicator creation) outside every measurement
+    warm = torch.ones(16, device=device)
+    dist.all_reduce(warm)
+    torch.cuda.synchronize()
+
+    modes = [m for m in args.modes.split(",") if m]
+    wanted = [b for b in args.backends.split(",") if b]
+    results: list[dict] = []
+    absent: dict[str, str] = {}
+    errors: dict[str, str] = {}
+    for bname in wanted:
+        label = bname + args.name_suffix
+        cls = BACKEND_CLASSES.get(bname)
+        if cls is None:
+            errors[label] = f"unknown backend {bname!r}; known: {sorted(BACKEND_CLASSES)}"
+            continue
+        # construct on every rank; agree on the outcome so nobody enters a collective alone
+        local_state, local_msg, backend = "ok", "", None
+        try:
+            backend = cls(torch, dist, ctx)
+        except Unavailable as e:
+            local_state, local_msg = "absent", str(e)
+        except Exception as e:  # noqa: BLE001
+            local_state, local_msg = "error", f"{type(e).__name__}: {e}"
+            if rank == 0:
+                traceback.print_exc()
+        states = gather(ctx, (local_state, local_msg))
+        bad = [s for s in states if s[0] != "ok"]
+        if bad:
+            kind = "error" if any(s[0] == "error" for s in bad) else "absent"
+            msg = next(s[1] for s in bad if s[0] == kind)
+            (errors if kind == "error" else absent)[label] = msg
+            log(f"{label}: {kind}: {msg}")
+            if backend is not None:
+                backend.close()
+            continue
+        log(f"{label}: measuring {args.sizes} x {args.hidden} bf16, modes {modes}")
+        for rows in args.sizes:
+            reason = backend.supports(rows)
+            reasons = gather(ctx, reason)
+            reason = next((r for r in reasons if r), None)
+            for mode in modes:
+                row = {"backend": label, "mode": mode, "rows": rows, "hidden": args.hidden,
+                       "bytes": rows * args.hidden * 2}
+                if reason:
+                    row.update(status="declined", detail=reason)
+                    results.append(row)
+                    continue
+                try:
+                    m = measure(backend, ctx, rows, mode)
+                    local = {"ok": m["ok"], "err": m["max_abs_err"], "detail": m["detail"],
+                             "times": m["times_us"], "exc": None}
+                except Exception as e:  # noqa: BLE001
+                    local = {"ok": False, "err": None, "detail": "", "times": [],
+                             "exc": f"{type(e).__name__}: {e}"}
+                    traceback.print_exc()
+                    torch.cuda.synchronize()
+                allr = gather(ctx, local)
+                excs = [a["exc"] for a in allr if a["exc"]]
+                if excs:
+                    row.update(status="error", detail=excs[0])
+                else:
+                    n = min(len(a["times"]) for a in allr)
+                    per_sample = [max(a["times"][i] for a in allr) for i in range(n)]
+                    wrong = [(i, a) for i, a in enumerate(allr) if not a["ok"]]
+                    row.update(
+                        status="wrong" if wrong else "ok",
+                        median_us=round(statistics.median(per_sample), 2),
+                        p90_us=round(percentile(per_sample, 90), 2),
+                        min_us=round(min(per_sample), 2),
+                        samples=n,
+                        max_abs_err=max((a["err"] or 0.0) for a in allr),
+                        detail="; ".join(f"rank {i}: {a['detail']}" for i, a in wrong),
+                    )
+                results.append(row)
+                log(f"{label:>22} {mode:>5} {rows:>5}x{args.hidden}: {row.get('status')} "
+                    f"median {row.get('median_us', '-')} us p90 {row.get('p90_us', '-')} us")
+        backend.close()
+        del backend
+        torch.cuda.empty_cache()
+
+    if rank == 0:
+        doc = {
+            "schema": SCHEMA,
+            "date_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "argv": sys.argv,
+            "name_suffix": args.name_suffix,
+            "sizes": args.sizes,
+            "hidden": args.hidden,
+            "samples": args.samples,
+            "inner": args.inner,
+            "hardware": hw,
+            "results": results,
+            "absent": absent,
+            "errors": errors,
+            "elapsed_s": round(time.time() - t0, 1),
+        }
+        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+        tmp = args.out + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(doc, f, indent=1)
+        os.replace(tmp, args.out)
+        log(f"wrote {args.out}")
+    dist.barrier(group=cpu_group)
+    dist.destroy_process_group()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_arg_parser().parse_args(argv)
+    if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
+        print("kernel_bench: run me under torchrun (RANK/WORLD_SIZE unset), e.g.\n"
+              "  torchrun --standalone --nproc-per-node 2 -m sglpatch.kernel_bench --out kb.json",
+              file=sys.stderr)
+        return 2
+    return run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

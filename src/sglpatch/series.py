@@ -1,0 +1,279 @@
+"""The quilt ``series`` file and the patch files it names.
+
+series: one patch name per line, optionally followed by ``-pN``; ``#`` comments and blank
+lines are kept, in order, when the file is rewritten.
+
+Patch files are ``git format-patch`` mbox files whose commit message carries DEP-3 fields::
+
+    Subject: [PATCH] component: what it does
+
+    Description: one line
+     long description, continuation lines start with one space
+    Origin: vendor, ...
+    Forwarded: no
+    Applied-Upstream: v0.5.10, https://...   (when known)
+    Last-Update: 2026-11-30
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sglpatch.errors import SglpatchError
+from sglpatch.lock import safe_relpath
+
+SERIES_NAME = "series"
+PATCH_DIR = "patches"
+REQUIRED_DEP3 = ("Description", "Origin", "Forwarded", "Last-Update")
+KNOWN_DEP3 = (
+    "Description",
+    "Subject",
+    "Origin",
+    "Bug",
+    "Forwarded",
+    "Author",
+    "From",
+    "Reviewed-by",
+    "Acked-by",
+    "Last-Update",
+    "Applied-Upstream",
+)
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+/-]*$")
+
+
+class SeriesError(SglpatchError):
+    pass
+
+
+@dataclass
+class Entry:
+    name: str
+    strip: int = 1
+    comments: list[str] = field(default_factory=list)  # comment/blank lines just above it
+    raw: str | None = None  # original line, re-emitted unchanged when the entry survives
+
+
+@dataclass
+class Series:
+    entries: list[Entry]
+    trailer: list[str] = field(default_factory=list)  # comment/blank lines after the last entry
+
+    @property
+    def names(self) -> list[str]:
+        return [e.name for e in self.entries]
+
+    @classmethod
+    def parse(cls, text: str, origin: str = SERIES_NAME) -> "Series":
+        entries: list[Entry] = []
+        pending: list[str] = []
+        seen: set[str] = set()
+        if "\r" in text:
+            raise SeriesError(f"{origin}: has CRLF line endings; convert it to LF (e.g. dos2unix {origin})")
+        for lineno, line in enumerate(text.split("\n")[:-1] if text.endswith("\n") else text.split("\n"), 1):
+            stripped = line.strip()
+            if not stripped or stripped.startswith("#"):
+                pending.append(line)
+                continue
+            body = stripped.split("#", 1)[0].strip() if " #" in stripped else stripped
+            parts = body.split()
+            name, opts = parts[0], parts[1:]
+            where = f"{origin}:{lineno}"
+            _check_name(name, where)
+            strip = 1
+            for opt in opts:
+                m = re.fullmatch(r"-p([01])", opt)
+                if m:
+                    strip = int(m.group(1))
+                else:
+                    raise SeriesError(f"{where}: unknown option {opt!r} for {name} (only -p0 and -p1 are supported)")
+            if name in seen:
+                raise SeriesError(f"{where}: {name} is listed twice")
+            seen.add(name)
+            entries.append(Entry(name=name, strip=strip, comments=pending, raw=line))
+            pending = []
+        return cls(entries=entries, trailer=pending)
+
+    def dumps(self) -> str:
+        out: list[str] = []
+        for e in self.entries:
+            out += e.comments
+            out.append(e.raw if e.raw is not None else (e.name if e.strip == 1 else f"{e.name} -p{e.strip}"))
+        out += self.trailer
+        return "\n".join(out) + "\n" if out else ""
+
+
+def _check_name(name: str, where: str) -> None:
+    if name.startswith("-"):
+        raise SeriesError(f"{where}: patch name {name!r} looks like an option")
+    try:
+        safe_relpath(name, "patch name")
+    except SglpatchError as e:
+        raise SeriesError(f"{where}: {e}") from None
+    if not _NAME_RE.match(name):
+        raise SeriesError(f"{where}: patch name {name!r} has characters outside [A-Za-z0-9._+/-]")
+
+
+def read_series(project: Path) -> Series:
+    path = Path(project) / SERIES_NAME
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise SeriesError(f"{path} not found; is --project the sglpatch project folder?") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise SeriesError(f"{path}: not UTF-8 text") from None
+    return Series.parse(text)
+
+
+# --------------------------------------------------------------------------------------
+# patch files
+
+
+@dataclass
+class PatchFile:
+    name: str
+    data: bytes
+    subject: str
+    dep3: dict[str, str]
+    files: list[str]  # paths touched (old and new sides), repository-relative
+
+    @property
+    def description(self) -> str:
+        return self.dep3.get("Description", "")
+
+
+def _unquote_git_path(p: str) -> str:
+    if p.startswith('"') and p.endswith('"'):
+        inner = p[1:-1]
+        return bytes(inner, "utf-8").decode("unicode_escape").encode("latin-1").decode("utf-8", "replace")
+    return p
+
+
+def parse_patch(name: str, data: bytes, strip: int = 1) -> PatchFile:
+    """Parse header and touched paths; errors name the patch."""
+    if not data.strip():
+        raise SeriesError(f"patch {name} is empty")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise SeriesError(f"patch {name} is not UTF-8 (byte {e.start}); re-export it with `sglpatch export`") from None
+    if "\r\n" in text:
+        raise SeriesError(f"patch {name} has CRLF line endings; convert it to LF (dos2unix) and re-run")
+    lines = text.split("\n")
+    # header: until the first 'diff --git' / '---' separator
+    subject = ""
+    body: list[str] = []
+    in_headers = True
+    diff_start = None
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        if line.startswith("diff --git ") or (line.startswith("--- ") and i + 1 < len(lines) and lines[i + 1].startswith("+++ ")):
+            diff_start = i
+            break
+        if in_headers:
+            if line.startswith("Subject:"):
+                subject = line[len("Subject:") :].strip()
+                while i + 1 < len(lines) and lines[i + 1].startswith((" ", "\t")):
+                    i += 1
+                    subject += " " + lines[i].strip()
+            elif line == "" and subject:
+                in_headers = False
+        else:
+            if line == "---":
+                # rest up to the diff is the diffstat
+                j = i + 1
+                while j < len(lines) and not lines[j].startswith("diff --git "):
+                    j += 1
+                diff_start = j if j < len(lines) else None
+                break
+            body.append(line)
+        i += 1
+    if diff_start is None:
+        raise SeriesError(f"patch {name} contains no diff")
+    subject = re.sub(r"^\[PATCH[^\]]*\]\s*", "", subject)
+    dep3 = parse_dep3(body)
+    if not subject:
+        subject = dep3.get("Description", "").split("\n", 1)[0] or dep3.get("Subject", "")
+    files = _touched_paths(name, lines[diff_start:], strip)
+    return PatchFile(name=name, data=data, subject=subject, dep3=dep3, files=files)
+
+
+def parse_dep3(lines: list[str]) -> dict[str, str]:
+    fields: dict[str, str] = {}
+    current = None
+    for line in lines:
+        m = re.match(r"^([A-Za-z][A-Za-z0-9-]*):(?:\s(.*))?$", line)
+        if m and m.group(1) in KNOWN_DEP3:
+            current = m.group(1)
+            fields[current] = (m.group(2) or "").strip()
+        elif current and line.startswith(" "):
+            fields[current] += "\n" + line[1:]
+        else:
+            current = None
+    return fields
+
+
+def _touched_paths(name: str, diff_lines: list[str], strip: int) -> list[str]:
+    paths: list[str] = []
+
+    def add(raw: str, prefix_expected: bool) -> None:
+        raw = _unquote_git_path(raw.split("\t")[0])
+        if raw == "/dev/null":
+            return
+        p = raw
+        if strip == 1:
+            if "/" not in p:
+                raise SeriesError(f"patch {name}: path {raw!r} has no a/ b/ prefix; is the -p level right?")
+            p = p.split("/", 1)[1]
+        try:
+            safe_relpath(p, "path")
+        except SglpatchError as e:
+            raise SeriesError(f"patch {name}: {e}") from None
+        if p not in paths:
+            paths.append(p)
+
+    for line in diff_lines:
+        if line.startswith("--- ") or line.startswith("+++ "):
+            add(line[4:], True)
+        elif line.startswith(("rename from ", "copy from ")):
+            p = _unquote_git_path(line.split(" ", 2)[2])
+            safe_relpath(p, "path")
+            paths.append(p) if p not in paths else None
+        elif line.startswith(("rename to ", "copy to ")):
+            p = _unquote_git_path(line.split(" ", 2)[2])
+            safe_relpath(p, "path")
+            paths.append(p) if p not in paths else None
+        elif line.startswith("diff --git "):
+            m = re.match(r'^diff --git ("?a/.*"?) ("?b/.*"?)$', line)
+            if m:
+                for part in m.groups():
+                    add(part, True)
+        elif line.startswith("GIT binary patch"):
+            pass
+    if not paths:
+        raise SeriesError(f"patch {name} touches no files")
+    return paths
+
+
+def read_patch(project: Path, entry: Entry) -> PatchFile:
+    path = Path(project) / PATCH_DIR / entry.name
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise SeriesError(f"series lists {entry.name} but {PATCH_DIR}/{entry.name} does not exist") from None
+    except IsADirectoryError:
+        raise SeriesError(f"{PATCH_DIR}/{entry.name} is a directory, not a patch") from None
+    if path.is_symlink():
+        raise SeriesError(f"{PATCH_DIR}/{entry.name} is a symbolic link; patch files must be regular files")
+    return parse_patch(entry.name, data, entry.strip)
+
+
+def slug(subject: str) -> str:
+    """File-name slug the way git format-patch makes it."""
+    s = re.sub(r"[^A-Za-z0-9._]+", "-", subject).strip("-.")
+    s = re.sub(r"\.+", ".", s)
+    return s[:52].rstrip("-.") or "patch"

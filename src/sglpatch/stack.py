@@ -1,0 +1,552 @@
+"""The stack: build branch ``patched`` (one commit per series entry) and export it back.
+
+apply:  upstream.lock + series + patches/  ->  DIR: branch upstream, branch patched
+export: DIR: upstream..patched            ->  patches/ + series (byte-stable)
+
+Safety rules (never lose anything of the user's):
+* uncommitted edits to tracked files in DIR -> refuse, change nothing;
+* HEAD detached or on a foreign branch -> refuse;
+* commits on ``patched`` that did not come from the current series (unexported work)
+  -> refuse unless --force, and even then the old branch is kept under refs/sglpatch/backup/;
+* every new commit is built off to the side (temporary index), then one ref update and
+  ``git reset --keep`` move DIR: a kill at any point leaves the old state or the new one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from sglpatch import upstream as up
+from sglpatch.errors import SglpatchError
+from sglpatch.fsutil import exclusive, write_if_changed
+from sglpatch.gitcmd import Git
+from sglpatch.lock import Lock, read_lock
+from sglpatch.series import (
+    PATCH_DIR,
+    REQUIRED_DEP3,
+    SERIES_NAME,
+    Entry,
+    PatchFile,
+    Series,
+    parse_patch,
+    read_patch,
+    read_series,
+    slug,
+)
+
+PATCHED_BRANCH = "patched"
+MANAGED_KEY = "sglpatch.managed"
+APPLIED_KEY = "sglpatch.applied"
+BACKUP_PREFIX = "refs/sglpatch/backup"
+FORMAT_PATCH_FLAGS = (
+    "--stdout",
+    "--zero-commit",
+    "--no-signature",
+    "--full-index",
+    "--find-renames",
+    "--no-numbered",
+    "--no-cover-letter",
+    "--no-thread",
+    "--no-notes",
+    "--no-signoff",
+    "--subject-prefix=PATCH",
+    "--encoding=UTF-8",
+    "--stat=72",
+    "--binary",
+)
+_EXCLUDES = ("*.egg-info/", "__pycache__/", "*.pyc", "/python/build/", "*.so")
+
+
+class ApplyError(SglpatchError):
+    pass
+
+
+def say(msg: str) -> None:
+    print(f"sglpatch: {msg}", file=sys.stderr, flush=True)
+
+
+# --------------------------------------------------------------------------------------
+# project and workdir
+
+
+@dataclass
+class Project:
+    root: Path
+    lock: Lock
+    series: Series
+    patches: list[PatchFile]
+
+    @classmethod
+    def load(cls, root: Path) -> "Project":
+        root = Path(root)
+        lock = read_lock(root)
+        series = read_series(root)
+        patches = [read_patch(root, e) for e in series.entries]
+        return cls(root=root, lock=lock, series=series, patches=patches)
+
+    def digest(self, upstream_commit: str) -> str:
+        h = hashlib.sha256(upstream_commit.encode())
+        for entry, patch in zip(self.series.entries, self.patches):
+            h.update(f"\0{entry.name}\0{entry.strip}\0".encode())
+            h.update(hashlib.sha256(patch.data).digest())
+        return h.hexdigest()
+
+
+def find_project(start: Path | None = None) -> Path:
+    here = Path(start or Path.cwd()).resolve()
+    for d in (here, *here.parents):
+        if (d / SERIES_NAME).is_file() and (d / "upstream.lock").is_file():
+            return d
+    raise SglpatchError("no sglpatch project here (no series + upstream.lock in this folder or above); pass --project DIR")
+
+
+def open_workdir(workdir: Path, create: bool) -> Git:
+    workdir = Path(workdir).expanduser()
+    if workdir.exists() and not workdir.is_dir():
+        raise SglpatchError(f"{workdir} exists and is not a directory")
+    if not workdir.exists() or (workdir.is_dir() and not any(workdir.iterdir())):
+        if not create:
+            raise SglpatchError(f"{workdir} is not set up yet; run `sglpatch apply --workdir {workdir}` first")
+        workdir.mkdir(parents=True, exist_ok=True)
+        git = Git(workdir)
+        git.run("init", "-q", f"--initial-branch={PATCHED_BRANCH}")
+        git.config_set(MANAGED_KEY, "true")
+        exclude = workdir / ".git" / "info" / "exclude"
+        exclude.parent.mkdir(parents=True, exist_ok=True)
+        with open(exclude, "a") as f:
+            f.write("# build outputs of the editable install (sglpatch)\n" + "\n".join(_EXCLUDES) + "\n")
+        return git
+    git = Git(workdir)
+    if not git.is_repo():
+        raise SglpatchError(f"{workdir} is not empty and not a git repository made by sglpatch; choose another --workdir")
+    if git.config_get(MANAGED_KEY) != "true":
+        raise SglpatchError(
+            f"{workdir} is a git repository not made by sglpatch; refusing to touch it (choose an empty --workdir)"
+        )
+    return git
+
+
+def _lockfile(git: Git) -> Path:
+    return git.workdir / ".git" / "sglpatch.lock"
+
+
+def _recorded(git: Git) -> tuple[str | None, str | None]:
+    val = (git.config_get(APPLIED_KEY) or "").split()
+    return (val[0], val[1]) if len(val) == 2 else (None, None)
+
+
+def _record(git: Git, digest: str, head: str) -> None:
+    git.config_set(APPLIED_KEY, f"{digest} {head}")
+
+
+# --------------------------------------------------------------------------------------
+# applying one patch exactly
+
+
+@dataclass
+class Hunk:
+    old_start: int
+    old_lines: list[str]
+    header: str
+
+
+def _parse_hunks(patch: PatchFile, strip: int) -> dict[str, list[Hunk]]:
+    """old path -> hunks, for text diffs of files that exist before the patch."""
+    text = patch.data.decode("utf-8")
+    result: dict[str, list[Hunk]] = {}
+    current_old: str | None = None
+    lines = text.split("\n")
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        if line.startswith("--- ") and i + 1 < len(lines) and lines[i + 1].startswith("+++ "):
+            raw = line[4:].split("\t")[0]
+            if raw == "/dev/null":
+                current_old = None
+            else:
+                raw = raw.strip('"')
+                current_old = raw.split("/", 1)[1] if strip == 1 else raw
+                result.setdefault(current_old, [])
+            i += 2
+            continue
+        m = re.match(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@", line)
+        if m and current_old is not None:
+            old_count = int(m.group(2)) if m.group(2) is not None else 1
+            new_count = int(m.group(4)) if m.group(4) is not None else 1
+            old: list[str] = []
+            seen_old = seen_new = 0
+            j = i + 1
+            while j < len(lines) and (seen_old < old_count or seen_new < new_count):
+                body = lines[j]
+                if body.startswith("\\"):
+                    j += 1
+                    continue
+                tag, content = (body[:1], body[1:]) if body else (" ", "")
+                if tag in (" ", "-"):
+                    old.append(content)
+                    seen_old += 1
+                if tag in (" ", "+"):
+                    seen_new += 1
+                j += 1
+            start = int(m.group(1))
+            result[current_old].append(Hunk(old_start=start if old_count else start + 1, old_lines=old, header=line))
+            i = j
+            continue
+        i += 1
+    return result
+
+
+def check_exact(git: Git, base: str, patch: PatchFile, strip: int) -> None:
+    """Every hunk's old lines must sit exactly where the hunk says: no offset, no fuzz."""
+    for path, hunks in _parse_hunks(patch, strip).items():
+        rc, content, _ = git.run("cat-file", "blob", f"{base}:{path}", check=False, strip=False)
+        if rc != 0:
+            raise ApplyError(f"patch {patch.name}: {path} does not exist in the tree it applies to")
+        file_lines = content.split("\n")
+        for n, h in enumerate(hunks, 1):
+            at = h.old_start - 1
+            if file_lines[at : at + len(h.old_lines)] == h.old_lines:
+                continue
+            where = None
+            if h.old_lines:
+                for k in range(len(file_lines) - len(h.old_lines) + 1):
+                    if file_lines[k : k + len(h.old_lines)] == h.old_lines:
+                        where = k
+                        break
+            if where is not None:
+                why = f"needs an offset of {where - at:+d} lines"
+            else:
+                why = "does not apply (context differs; would need fuzz or a merge)"
+            raise ApplyError(
+                f"patch {patch.name}: {path} hunk #{n} ({h.header.split(' @@')[0]} @@) {why}; "
+                "apply requires an exact fit to the pinned tree: refresh the patch, or use `sglpatch rebase` to move upstream"
+            )
+
+
+def commit_patch(git: Git, base: str, entry: Entry, patch: PatchFile, exact: bool = True) -> str:
+    """Apply patch on top of base off to the side; return the new commit (git am's message and author)."""
+    if exact:
+        check_exact(git, base, patch, entry.strip)
+    with tempfile.TemporaryDirectory(prefix="sglpatch-am-") as tmp:
+        tmpd = Path(tmp)
+        pfile = tmpd / "patch"
+        pfile.write_bytes(patch.data)
+        env = {"GIT_INDEX_FILE": str(tmpd / "index")}
+        git.run("read-tree", base, env=env)
+        rc, _, err = git.run(
+            "apply", "--cached", f"-p{entry.strip}", "--whitespace=nowarn", "--", str(pfile), env=env, check=False
+        )
+        if rc != 0:
+            last = [line for line in err.strip().splitlines() if line.strip()]
+            raise ApplyError(f"patch {patch.name} does not apply: {last[-1] if last else 'git apply failed'}")
+        tree = git.run("write-tree", env=env)
+        info = git.run("mailinfo", "-u", str(tmpd / "msg"), str(tmpd / "diff"), input=patch.data)
+        body = (tmpd / "msg").read_text(encoding="utf-8")
+    fields = dict(line.split(": ", 1) for line in info.splitlines() if ": " in line)
+    subject = fields.get("Subject", patch.subject)
+    message = git.run("stripspace", input=f"{subject}\n\n{body}", strip=False)
+    env = {
+        "GIT_AUTHOR_NAME": fields.get("Author", "unknown"),
+        "GIT_AUTHOR_EMAIL": fields.get("Email", "unknown@localhost"),
+        "GIT_AUTHOR_DATE": fields.get("Date", "2000-01-01T00:00:00+00:00"),
+        "GIT_COMMITTER_DATE": fields.get("Date", "2000-01-01T00:00:00+00:00"),
+    }
+    return git.run("commit-tree", tree, "-p", base, input=message, env=env)
+
+
+def build_chain(git: Git, project: Project, base: str, progress: bool = True) -> list[str]:
+    commits = []
+    head = base
+    n = len(project.patches)
+    for k, (entry, patch) in enumerate(zip(project.series.entries, project.patches), 1):
+        head = commit_patch(git, head, entry, patch)
+        commits.append(head)
+        if progress:
+            say(f"[{k}/{n}] {entry.name}: {patch.subject}")
+    return commits
+
+
+# --------------------------------------------------------------------------------------
+# apply
+
+
+@dataclass
+class ApplyResult:
+    changed: bool
+    head: str
+    upstream: str
+    message: str
+
+
+def _guard_workdir(git: Git, force: bool) -> None:
+    dirty = git.dirty_files()
+    if dirty:
+        shown = ", ".join(dirty[:3]) + (f" and {len(dirty) - 3} more" if len(dirty) > 3 else "")
+        raise ApplyError(
+            f"{git.workdir} has uncommitted changes ({shown}); commit them on {PATCHED_BRANCH} and run "
+            "`sglpatch export`, or `git stash` them; nothing was changed"
+        )
+    branch = git.current_branch()
+    if branch is None:
+        raise ApplyError(
+            f"HEAD in {git.workdir} is detached at {git.head_commit()[:12]}; put your work on a branch, then "
+            f"`git -C {git.workdir} checkout {PATCHED_BRANCH}` and re-run"
+        )
+    if branch not in (PATCHED_BRANCH, up.UPSTREAM_BRANCH) and git.head_commit() is not None:
+        raise ApplyError(f"{git.workdir} is on branch {branch!r}; `git -C {git.workdir} checkout {PATCHED_BRANCH}` and re-run")
+
+
+def _move_patched(git: Git, new_head: str, old_head: str | None) -> None:
+    branch = git.current_branch()
+    if branch == PATCHED_BRANCH and old_head is not None:
+        git.run("reset", "-q", "--keep", new_head)
+    elif branch == PATCHED_BRANCH:  # unborn: fresh workdir; refuses to overwrite untracked files
+        empty_tree = git.run("hash-object", "-t", "tree", "--stdin", input=b"")
+        git.run("read-tree", "-m", "-u", empty_tree, new_head)
+        git.update_ref(f"refs/heads/{PATCHED_BRANCH}", new_head, message="sglpatch apply")
+    else:
+        git.update_ref(f"refs/heads/{PATCHED_BRANCH}", new_head, old_head, message="sglpatch apply")
+        git.run("checkout", "-q", PATCHED_BRANCH)
+
+
+def apply(
+    project_root: Path,
+    workdir: Path,
+    source: str = "sdist",
+    force: bool = False,
+    python: str | None = None,
+    url: str | None = None,
+) -> ApplyResult:
+    project = Project.load(project_root)
+    git = open_workdir(workdir, create=True)
+    with exclusive(_lockfile(git), str(git.workdir)):
+        _guard_workdir(git, force)
+        base = up.materialize(git, project.lock, source, python=python, url=url)
+        digest = project.digest(base)
+        old_head = git.rev(PATCHED_BRANCH)
+        rec_digest, rec_head = _recorded(git)
+        if old_head and rec_digest == digest and rec_head == old_head:
+            if git.current_branch() != PATCHED_BRANCH:
+                git.run("checkout", "-q", PATCHED_BRANCH)
+            return ApplyResult(False, old_head, base, f"{PATCHED_BRANCH} is up to date ({len(project.patches)} patches)")
+        t0 = time.monotonic()
+        chain = build_chain(git, project, base)
+        new_head = chain[-1] if chain else base
+        if old_head == new_head:
+            _record(git, digest, new_head)
+            if git.current_branch() != PATCHED_BRANCH:
+                git.run("checkout", "-q", PATCHED_BRANCH)
+            return ApplyResult(False, new_head, base, f"{PATCHED_BRANCH} is up to date ({len(project.patches)} patches)")
+        if old_head and old_head != rec_head:
+            extra = _describe_unexported(git, old_head)
+            if not force:
+                raise ApplyError(
+                    f"{PATCHED_BRANCH} in {git.workdir} has work that is not in the series ({extra}); "
+                    "run `sglpatch export` to save it into patches/, or re-run with --force to rebuild "
+                    f"(the old branch is kept under {BACKUP_PREFIX}/)"
+                )
+        if old_head:
+            backup = f"{BACKUP_PREFIX}/{time.strftime('%Y%m%d-%H%M%S')}-{old_head[:12]}"
+            git.update_ref(backup, old_head, message="sglpatch apply: previous patched")
+            if old_head != rec_head:
+                say(f"kept the previous {PATCHED_BRANCH} as {backup}")
+        _move_patched(git, new_head, old_head)
+        _record(git, digest, new_head)
+        return ApplyResult(
+            True,
+            new_head,
+            base,
+            f"{PATCHED_BRANCH} rebuilt: {len(chain)} patches on {project.lock.describe()} in {time.monotonic() - t0:.1f}s",
+        )
+
+
+def _describe_unexported(git: Git, head: str) -> str:
+    base = git.rev(up.UPSTREAM_BRANCH)
+    try:
+        commits = git.commits(base, head) if base else []
+    except SglpatchError:
+        commits = []
+    return f"{len(commits)} commits on {up.UPSTREAM_BRANCH}..{PATCHED_BRANCH}, head {head[:12]}, differ from the series"
+
+
+# --------------------------------------------------------------------------------------
+# export
+
+
+@dataclass
+class ExportResult:
+    written: list[str]
+    unchanged: list[str]
+    removed: list[str]
+    series_changed: bool
+
+
+def format_patch(git: Git, commit: str) -> bytes:
+    return git.run("format-patch", *FORMAT_PATCH_FLAGS, "-1", commit, binary=True)
+
+
+def export(project_root: Path, workdir: Path) -> ExportResult:
+    project_root = Path(project_root)
+    series = read_series(project_root)
+    git = open_workdir(workdir, create=False)
+    with exclusive(_lockfile(git), str(git.workdir)):
+        base = git.rev(up.UPSTREAM_BRANCH)
+        head = git.rev(PATCHED_BRANCH)
+        if not base or not head:
+            raise SglpatchError(f"{git.workdir} has no {up.UPSTREAM_BRANCH}/{PATCHED_BRANCH} branches; run `sglpatch apply` first")
+        dirty = git.dirty_files()
+        if dirty:
+            say(f"warning: {len(dirty)} uncommitted file(s) in {git.workdir} are not exported; commit them on {PATCHED_BRANCH} first")
+        commits = git.commits(base, head)
+        old_by_name = {e.name: e for e in series.entries}
+        old_subjects: dict[str, str] = {}
+        for e in series.entries:
+            try:
+                old_subjects[e.name] = read_patch(project_root, e).subject
+            except SglpatchError:
+                pass
+        new_entries: list[Entry] = []
+        datas: list[bytes] = []
+        used: set[str] = set()
+        for i, c in enumerate(commits):
+            data = format_patch(git, c)
+            subject = parse_patch(f"commit {c[:12]}", data).subject
+            name = None
+            if i < len(series.entries) and old_subjects.get(series.entries[i].name) == subject:
+                name = series.entries[i].name
+            if name is None or name in used:
+                name = next((n for n, s in old_subjects.items() if s == subject and n not in used), None)
+            if name is None:
+                name = f"{i + 1:04d}-{slug(subject)}.patch"
+                k = 2
+                while name in used or (name not in old_by_name and (project_root / PATCH_DIR / name).exists()):
+                    name = f"{i + 1:04d}-{slug(subject)}-{k}.patch"
+                    k += 1
+            used.add(name)
+            old = old_by_name.get(name)
+            if old is not None:
+                entry = Entry(name=name, strip=1, comments=old.comments, raw=old.raw if old.strip == 1 else None)
+            else:
+                entry = Entry(name=name, strip=1)
+            new_entries.append(entry)
+            datas.append(data)
+        written, unchanged = [], []
+        for entry, data in zip(new_entries, datas):
+            if write_if_changed(project_root / PATCH_DIR / entry.name, data):
+                written.append(entry.name)
+            else:
+                unchanged.append(entry.name)
+        new_series = Series(entries=new_entries, trailer=series.trailer)
+        orphan_comments = [c for e in series.entries if e.name not in used for c in e.comments]
+        if orphan_comments:
+            new_series.trailer = orphan_comments + new_series.trailer
+        series_changed = write_if_changed(project_root / SERIES_NAME, new_series.dumps().encode())
+        removed = []
+        for e in series.entries:
+            if e.name not in used:
+                p = project_root / PATCH_DIR / e.name
+                if p.is_file():
+                    p.unlink()
+                    removed.append(e.name)
+        # the workdir now matches the series again
+        project = Project.load(project_root)
+        _record(git, project.digest(base), head)
+        return ExportResult(written, unchanged, removed, series_changed)
+
+
+# --------------------------------------------------------------------------------------
+# status and check
+
+
+def status(project_root: Path, workdir: Path) -> list[str]:
+    project = Project.load(project_root)
+    lines = [f"pin:      {project.lock.describe()}", f"series:   {len(project.patches)} patches"]
+    git = open_workdir(workdir, create=False)
+    base = git.rev(up.UPSTREAM_BRANCH)
+    head = git.rev(PATCHED_BRANCH)
+    lines.append(f"workdir:  {git.workdir} (on {git.current_branch() or 'detached HEAD'})")
+    if not base or not head:
+        lines.append("state:    not applied; run `sglpatch apply`")
+        return lines
+    pin_ok = up.upstream_pin(git) == project.lock.pin_digest()
+    lines.append(f"upstream: {base[:12]} {'(matches the lock)' if pin_ok else '(does NOT match the lock: run sglpatch apply)'}")
+    commits = git.commits(base, head)
+    rec_digest, rec_head = _recorded(git)
+    for k, c in enumerate(commits, 1):
+        lines.append(f"  {k}. {c[:12]} {git.subject(c)}")
+    if rec_head != head:
+        lines.append(f"state:    {PATCHED_BRANCH} has unexported commits: run `sglpatch export`")
+    elif rec_digest != project.digest(base):
+        lines.append("state:    the series changed since the last apply: run `sglpatch apply`")
+    else:
+        lines.append("state:    in sync with the series")
+    dirty = git.dirty_files()
+    lines.append(f"dirty:    {len(dirty)} uncommitted file(s)" + (": " + ", ".join(dirty[:5]) if dirty else ""))
+    return lines
+
+
+def check(project_root: Path, workdir: Path | None = None, source: str = "sdist") -> list[str]:
+    """Problems found (empty = all good): series vs patches/ vs lock, headers, exact application."""
+    project_root = Path(project_root)
+    problems: list[str] = []
+    project = Project.load(project_root)  # raises on a malformed lock/series/patch
+    listed = set(project.series.names)
+    for p in sorted((project_root / PATCH_DIR).glob("*.patch")) if (project_root / PATCH_DIR).is_dir() else []:
+        if p.name not in listed:
+            problems.append(f"{PATCH_DIR}/{p.name} is not listed in {SERIES_NAME}")
+    for patch in project.patches:
+        missing = [f for f in REQUIRED_DEP3 if not patch.dep3.get(f)]
+        if missing:
+            problems.append(f"{patch.name}: DEP-3 field(s) missing: {', '.join(missing)}")
+        if not patch.subject:
+            problems.append(f"{patch.name}: no Subject")
+
+    def run_on(git: Git) -> None:
+        base = up.materialize(git, project.lock, source)
+        touched_upstream = set()
+        for patch in project.patches:
+            for f in patch.files:
+                if git.blob_id(base, f):
+                    touched_upstream.add(f)
+        locked = set(project.lock.blobs)
+        for f in sorted(touched_upstream - locked):
+            problems.append(f"upstream.lock: blobs lacks {f} (touched by the series); run `sglpatch lock --update-blobs`")
+        for f in sorted(locked - touched_upstream):
+            problems.append(f"upstream.lock: blobs lists {f}, which the series does not touch; run `sglpatch lock --update-blobs`")
+        try:
+            build_chain(git, project, base, progress=False)
+        except SglpatchError as e:
+            problems.append(str(e))
+
+    if workdir is not None:
+        run_on(open_workdir(workdir, create=False))
+    else:
+        with tempfile.TemporaryDirectory(prefix="sglpatch-check-") as tmp:
+            run_on(open_workdir(Path(tmp) / "w", create=True))
+    return problems
+
+
+def update_blobs(project_root: Path, workdir: Path) -> dict[str, str]:
+    """Recompute lock.blobs from the upstream branch for the files the series touches."""
+    from sglpatch.lock import write_lock
+
+    project = Project.load(project_root)
+    git = open_workdir(workdir, create=False)
+    base = git.rev(up.UPSTREAM_BRANCH)
+    if not base:
+        raise SglpatchError(f"{workdir} has no {up.UPSTREAM_BRANCH} branch; run `sglpatch apply` first")
+    blobs = {}
+    for patch in project.patches:
+        for f in patch.files:
+            b = git.blob_id(base, f)
+            if b:
+                blobs[f] = b
+    project.lock.blobs = blobs
+    write_lock(project_root, project.lock)
+    return blobs

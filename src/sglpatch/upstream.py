@@ -1,0 +1,271 @@
+"""Materialize the pinned upstream tree as branch ``upstream`` of a workdir; nothing else downloads.
+
+Two sources, both verified against every field of upstream.lock:
+
+* ``sdist``: the registry sdist (``pip download`` through the user's own pip configuration),
+  sha256-checked, extracted under ``python/`` (the sdist is the repository's ``python/``
+  folder) and committed with fixed identity and dates, so the commit id is the same everywhere.
+* ``git``: a clone cache of the upstream URL; the tag must resolve to the locked commit.
+
+The commit is built with a temporary index, so the user's checkout is never touched here.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from pathlib import Path
+
+from sglpatch.errors import SglpatchError
+from sglpatch.gitcmd import FIXED_DATE, Git, validate_ref, validate_url
+from sglpatch.lock import Lock, LockError, sha256_file
+
+UPSTREAM_BRANCH = "upstream"
+PIN_TRAILER = "Sglpatch-Pin"
+
+
+def cache_dir() -> Path:
+    base = os.environ.get("SGLPATCH_CACHE")
+    if base:
+        return Path(base)
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return Path(xdg) / "sglpatch" if xdg else Path.home() / ".cache" / "sglpatch"
+
+
+def say(msg: str) -> None:
+    print(f"sglpatch: {msg}", file=sys.stderr, flush=True)
+
+
+# --------------------------------------------------------------------------------------
+# sdist
+
+
+def fetch_sdist(lock: Lock, python: str | None = None) -> Path:
+    """The verified sdist tarball for lock, from the cache or downloaded with pip."""
+    cdir = cache_dir() / "sdist"
+    cdir.mkdir(parents=True, exist_ok=True)
+    target = cdir / lock.sdist_filename
+    if target.exists():
+        if sha256_file(target) == lock.sdist_sha256:
+            return target
+        bad = target.with_suffix(target.suffix + f".bad-{int(time.time())}")
+        target.rename(bad)
+        say(f"cached {target.name} did not match sdist.sha256; moved it to {bad.name} and downloading again")
+    say(f"downloading {lock.sdist_filename} with pip (your pip configuration applies)")
+    with tempfile.TemporaryDirectory(prefix="sglpatch-dl-", dir=str(cdir)) as tmp:
+        cmd = [
+            python or sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--no-binary",
+            ":all:",
+            "--disable-pip-version-check",
+            "-d",
+            tmp,
+            f"{lock.name}=={lock.version}",
+        ]
+        proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        if proc.returncode != 0:
+            last = [line for line in proc.stdout.strip().splitlines() if line.strip()]
+            raise SglpatchError(
+                f"pip download of {lock.name}=={lock.version} failed ({last[-1] if last else 'exit ' + str(proc.returncode)}); "
+                "check the network / pip index and re-run"
+            )
+        got = Path(tmp) / lock.sdist_filename
+        if not got.exists():
+            raise SglpatchError(f"pip download did not produce {lock.sdist_filename}; found {sorted(os.listdir(tmp))}")
+        digest = sha256_file(got)
+        if digest != lock.sdist_sha256:
+            raise LockError(f"upstream.lock: field sdist.sha256 does not match the downloaded {lock.sdist_filename} (got {digest})")
+        os.replace(got, target)
+    return target
+
+
+def _safe_extract(tarball: Path, dest: Path) -> str:
+    """Extract tarball's single top folder's content into dest; return the sdist's commit id."""
+    with tarfile.open(tarball, "r:gz") as tf:
+        members = tf.getmembers()
+        tops = {m.name.split("/", 1)[0] for m in members}
+        if len(tops) != 1:
+            raise SglpatchError(f"{tarball.name}: expected one top-level folder, found {sorted(tops)[:3]}")
+        for m in members:
+            rel = m.name.split("/", 1)[1] if "/" in m.name else ""
+            if not rel:
+                continue
+            parts = rel.split("/")
+            if rel.startswith("/") or ".." in parts:
+                raise SglpatchError(f"{tarball.name}: member {m.name!r} leaves the tree")
+            if m.issym() or m.islnk():
+                raise SglpatchError(f"{tarball.name}: member {m.name!r} is a link; refusing")
+            if not (m.isfile() or m.isdir()):
+                continue
+            out = dest / rel
+            if m.isdir():
+                out.mkdir(parents=True, exist_ok=True)
+                continue
+            out.parent.mkdir(parents=True, exist_ok=True)
+            src = tf.extractfile(m)
+            with open(out, "wb") as f:
+                shutil.copyfileobj(src, f)
+            os.chmod(out, 0o755 if m.mode & 0o111 else 0o644)
+    version_py = dest / "sglang" / "_version.py"
+    commit = ""
+    if version_py.exists():
+        m = re.search(r"commit_id\s*=\s*['\"]g?([0-9a-f]+)['\"]", version_py.read_text())
+        if m:
+            commit = m.group(1)
+    return commit
+
+
+def _commit_tree(git: Git, tree_root: Path, message: str) -> str:
+    with tempfile.TemporaryDirectory(prefix="sglpatch-idx-") as tmp:
+        env = {"GIT_INDEX_FILE": str(Path(tmp) / "index")}
+        git.run("--work-tree", str(tree_root), "add", "-A", "-f", ".", env=env)
+        tree = git.run("write-tree", env=env)
+    env = {"GIT_AUTHOR_DATE": FIXED_DATE, "GIT_COMMITTER_DATE": FIXED_DATE}
+    return git.run("commit-tree", tree, input=message, env=env)
+
+
+def _commits_match(a: str, b: str) -> bool:
+    return bool(a) and bool(b) and (a.startswith(b) or b.startswith(a))
+
+
+def build_from_sdist(git: Git, lock: Lock, python: str | None = None) -> str:
+    tarball = fetch_sdist(lock, python)
+    with tempfile.TemporaryDirectory(prefix="sglpatch-sdist-") as tmp:
+        root = Path(tmp)
+        dest = root / lock.sdist_subdir
+        dest.mkdir(parents=True)
+        say(f"extracting {tarball.name} under {lock.sdist_subdir}/")
+        sdist_commit = _safe_extract(tarball, dest)
+        if sdist_commit and not _commits_match(sdist_commit, lock.commit):
+            raise LockError(
+                f"upstream.lock: field upstream.commit ({lock.commit}) does not match the sdist's _version.py commit ({sdist_commit})"
+            )
+        message = (
+            f"{lock.name} {lock.version} from the registry sdist\n\n"
+            f"sdist {lock.sdist_filename} sha256 {lock.sdist_sha256}, extracted under {lock.sdist_subdir}/;\n"
+            f"upstream {lock.url} {lock.tag} ({lock.commit}).\n\n"
+            f"Sglpatch-Source: sdist\n{PIN_TRAILER}: {lock.pin_digest()}\n"
+        )
+        return _commit_tree(git, root, message)
+
+
+def build_from_git(git: Git, lock: Lock, url: str | None = None) -> str:
+    url = validate_url(url or lock.url)
+    tag = validate_ref(lock.tag, "tag")
+    mirror = cache_dir() / "git" / (re.sub(r"[^A-Za-z0-9._-]+", "_", url.rstrip("/"))[-80:] + ".git")
+    if not (mirror / "HEAD").exists():
+        mirror.mkdir(parents=True, exist_ok=True)
+        Git(mirror).run("init", "--bare", "-q")
+    mg = Git(mirror)
+    have = mg.rev(f"refs/tags/{tag}")
+    if not have or not _commits_match(have, lock.commit):
+        say(f"fetching {tag} from {url}")
+        rc, _, err = mg.run(
+            "fetch", "--no-tags", "--progress", "--end-of-options", url, f"+refs/tags/{tag}:refs/tags/{tag}", check=False, network=True
+        )
+        if rc != 0:
+            last = [line for line in err.strip().splitlines() if line.strip()]
+            raise SglpatchError(f"cannot fetch {tag} from {url}: {last[-1] if last else 'git fetch failed'}; try --source sdist")
+    commit = mg.rev(f"refs/tags/{tag}")
+    if not commit or not _commits_match(commit, lock.commit):
+        raise LockError(f"upstream.lock: field upstream.commit ({lock.commit}) does not match tag {tag} at {url} ({commit})")
+    git.run("fetch", "--no-tags", "-q", str(mirror), f"refs/tags/{tag}")
+    got = git.rev("FETCH_HEAD")
+    if got != commit:
+        raise SglpatchError(f"fetched {got} from the clone cache, expected {commit}")
+    return commit
+
+
+def verify_blobs(git: Git, commit: str, lock: Lock, source: str) -> None:
+    for path, blob in sorted(lock.blobs.items()):
+        have = git.blob_id(commit, path)
+        if have is None:
+            raise LockError(f"upstream.lock: field blobs.{path!r}: file missing from the {source} tree")
+        if have != blob:
+            raise LockError(f"upstream.lock: field blobs.{path!r} is {blob[:12]} but the {source} tree has {have[:12]}")
+
+
+def upstream_pin(git: Git) -> str | None:
+    """The pin digest recorded on the existing upstream branch (None if absent / not ours)."""
+    if git.rev(UPSTREAM_BRANCH) is None:
+        return None
+    msg = git.run("log", "-1", "--format=%B", UPSTREAM_BRANCH)
+    m = re.search(rf"^{PIN_TRAILER}: ([0-9a-f]{{64}})$", msg, re.M)
+    if m:
+        return m.group(1)
+    recorded = (git.config_get("sglpatch.upstream-pin") or "").split()
+    if len(recorded) == 2 and recorded[1] == git.rev(UPSTREAM_BRANCH):
+        return recorded[0]
+    return None
+
+
+def source_reachable(url: str, tag: str, timeout: float = 8.0) -> tuple[bool, str]:
+    """Whether the git URL answers for tag within timeout; (ok, reason)."""
+    url = validate_url(url)
+    validate_ref(tag, "tag")
+    with tempfile.TemporaryDirectory() as tmp:
+        g = Git(tmp)
+        try:
+            rc, out, err = g.run("ls-remote", "--exit-code", "--end-of-options", url, f"refs/tags/{tag}", check=False, network=True, timeout=timeout)
+        except Exception as e:  # GitPython raises on kill_after_timeout
+            return False, f"{url} did not answer within {timeout:.0f}s ({type(e).__name__})"
+        if rc == 0 and out.strip():
+            return True, f"{url} answered"
+        last = [line for line in err.strip().splitlines() if line.strip()]
+        return False, f"{url} is not reachable ({last[-1] if last else 'exit ' + str(rc)})"
+
+
+def materialize(git: Git, lock: Lock, source: str, python: str | None = None, url: str | None = None) -> str:
+    """Make branch ``upstream`` the verified pinned tree; returns its commit id. Reuses a matching branch."""
+    if source not in ("git", "sdist"):
+        raise SglpatchError(f"unknown source {source!r}; use git or sdist")
+    current = git.rev(UPSTREAM_BRANCH)
+    if current and upstream_pin(git) == lock.pin_digest():
+        verify_blobs(git, current, lock, "upstream branch")
+        return current
+    t0 = time.monotonic()
+    if source == "sdist":
+        commit = build_from_sdist(git, lock, python)
+    else:
+        commit = build_from_git(git, lock, url)
+    verify_blobs(git, commit, lock, source)
+    git.update_ref(f"refs/heads/{UPSTREAM_BRANCH}", commit, message=f"sglpatch: upstream {lock.describe()} from {source}")
+    if source == "git":
+        git.config_set("sglpatch.upstream-pin", f"{lock.pin_digest()} {commit}")
+    say(f"upstream {lock.describe()} ready from {source} in {time.monotonic() - t0:.1f}s")
+    return commit
+
+
+def resolve_commit(project: Path) -> str:
+    """Replace upstream.commit by the full 40-hex id the tag points at (git ls-remote)."""
+    from sglpatch.lock import read_lock, write_lock
+
+    lock = read_lock(project)
+    url = validate_url(lock.url)
+    tag = validate_ref(lock.tag, "tag")
+    with tempfile.TemporaryDirectory() as tmp:
+        rc, out, err = Git(tmp).run(
+            "ls-remote", "--end-of-options", url, f"refs/tags/{tag}", f"refs/tags/{tag}^{{}}", check=False, network=True, timeout=60
+        )
+    if rc != 0:
+        last = [line for line in err.strip().splitlines() if line.strip()]
+        raise SglpatchError(f"cannot reach {url} ({last[-1] if last else 'git ls-remote failed'}); upstream.commit left as {lock.commit}")
+    refs = dict(reversed(line.split("\t", 1)) for line in out.splitlines() if "\t" in line)
+    full = refs.get(f"refs/tags/{tag}^{{}}") or refs.get(f"refs/tags/{tag}")
+    if not full:
+        raise SglpatchError(f"{url} has no tag {tag}")
+    if not _commits_match(full, lock.commit):
+        raise LockError(f"upstream.lock: field upstream.commit ({lock.commit}) does not match {tag} at {url} ({full})")
+    lock.commit = full
+    write_lock(project, lock)
+    return f"upstream.commit = {full}"
