@@ -148,7 +148,35 @@ def _add_profile_report(sub) -> None:
 
 
 def _add_regress(sub) -> None:
-    pass
+    p = sub.add_parser(
+        "regress",
+        help="GPU regression suite: tiers cpu, kernel, server; writes report.json + report.md",
+        description="Exit 0: every tier that ran passed; 1: a regression; 125: the tier cannot run here "
+        "(no GPUs), so `git bisect run` skips.",
+    )
+    p.add_argument("--tier", choices=["cpu", "kernel", "server", "all"], default="all")
+    p.add_argument("--profile", help="targets/NAME.toml, or NAME of a file in targets/ (e.g. rtx6000x8-kimi-k25)")
+    p.add_argument("--report", help="report folder (default: ./regress-<UTC time>)")
+    p.add_argument("--baseline", help="a previous report.json to compare kernel latencies with (same hardware only)")
+    p.add_argument("--project", help="project root holding targets/ and tests/ (default: found from cwd)")
+
+    def _run(args) -> int:
+        from sglpatch.regress import run_regress
+
+        argv = ["sglpatch", "regress", "--tier", args.tier]
+        for flag in ("profile", "report", "baseline", "project"):
+            if getattr(args, flag):
+                argv += [f"--{flag}", getattr(args, flag)]
+        res = run_regress(tier=args.tier, profile=args.profile, report=args.report,
+                          project=args.project, baseline=args.baseline, argv=argv)
+        for name, status, summary, failures in res["tiers"]:
+            print(f"tier {name}: {status}: {summary}")
+            for f in failures[:20]:
+                print(f"  - {f}")
+        print(f"regress: {res['status']} (exit {res['exit_code']}); report: {res['report_dir']}/report.md")
+        return res["exit_code"]
+
+    p.set_defaults(func=_run)
 
 
 def _add_bisect(sub) -> None:

@@ -83,7 +83,7 @@ def fetch_sdist(lock: Lock, python: str | None = None) -> Path:
         if not got.exists():
             raise SglpatchError(f"pip download did not produce {lock.sdist_filename}; found {sorted(os.listdir(tmp))}")
         digest = sha256_file(got)
-        if digest != lock.sdist_sha256:
+        if lock.sdist_sha256 and digest != lock.sdist_sha256:
             raise LockError(f"upstream.lock: field sdist.sha256 does not match the downloaded {lock.sdist_filename} (got {digest})")
         os.replace(got, target)
     return target
@@ -195,16 +195,16 @@ def verify_blobs(git: Git, commit: str, lock: Lock, source: str) -> None:
             raise LockError(f"upstream.lock: field blobs.{path!r} is {blob[:12]} but the {source} tree has {have[:12]}")
 
 
-def upstream_pin(git: Git) -> str | None:
+def upstream_pin(git: Git, branch: str = UPSTREAM_BRANCH) -> str | None:
     """The pin digest recorded on the existing upstream branch (None if absent / not ours)."""
-    if git.rev(UPSTREAM_BRANCH) is None:
+    if git.rev(branch) is None:
         return None
-    msg = git.run("log", "-1", "--format=%B", UPSTREAM_BRANCH)
+    msg = git.run("log", "-1", "--format=%B", branch)
     m = re.search(rf"^{PIN_TRAILER}: ([0-9a-f]{{64}})$", msg, re.M)
     if m:
         return m.group(1)
-    recorded = (git.config_get("sglpatch.upstream-pin") or "").split()
-    if len(recorded) == 2 and recorded[1] == git.rev(UPSTREAM_BRANCH):
+    recorded = (git.config_get(f"sglpatch.pin-{branch.replace('/', '-')}") or "").split()
+    if len(recorded) == 2 and recorded[1] == git.rev(branch):
         return recorded[0]
     return None
 
@@ -225,12 +225,15 @@ def source_reachable(url: str, tag: str, timeout: float = 8.0) -> tuple[bool, st
         return False, f"{url} is not reachable ({last[-1] if last else 'exit ' + str(rc)})"
 
 
-def materialize(git: Git, lock: Lock, source: str, python: str | None = None, url: str | None = None) -> str:
-    """Make branch ``upstream`` the verified pinned tree; returns its commit id. Reuses a matching branch."""
+def materialize(
+    git: Git, lock: Lock, source: str, python: str | None = None, url: str | None = None, branch: str = UPSTREAM_BRANCH
+) -> str:
+    """Make ``branch`` the verified pinned tree; returns its commit id. Reuses a matching branch."""
     if source not in ("git", "sdist"):
         raise SglpatchError(f"unknown source {source!r}; use git or sdist")
-    current = git.rev(UPSTREAM_BRANCH)
-    if current and upstream_pin(git) == lock.pin_digest():
+    validate_ref(branch, "branch")
+    current = git.rev(branch)
+    if current and upstream_pin(git, branch) == lock.pin_digest():
         verify_blobs(git, current, lock, "upstream branch")
         return current
     t0 = time.monotonic()
@@ -239,9 +242,9 @@ def materialize(git: Git, lock: Lock, source: str, python: str | None = None, ur
     else:
         commit = build_from_git(git, lock, url)
     verify_blobs(git, commit, lock, source)
-    git.update_ref(f"refs/heads/{UPSTREAM_BRANCH}", commit, message=f"sglpatch: upstream {lock.describe()} from {source}")
+    git.update_ref(f"refs/heads/{branch}", commit, message=f"sglpatch: upstream {lock.describe()} from {source}")
     if source == "git":
-        git.config_set("sglpatch.upstream-pin", f"{lock.pin_digest()} {commit}")
+        git.config_set(f"sglpatch.pin-{branch.replace('/', '-')}", f"{lock.pin_digest()} {commit}")
     say(f"upstream {lock.describe()} ready from {source} in {time.monotonic() - t0:.1f}s")
     return commit
 

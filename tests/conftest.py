@@ -1,0 +1,142 @@
+"""Shared fixtures: the real SGLang sdists (downloaded once), real git workdirs, the patched tree.
+
+* ``project_root``: this repository (series, patches/, upstream.lock).
+* ``project_copy``: a throw-away copy of the project files, for tests that edit the series.
+* ``sdist_059`` / ``sdist_0510``: paths of the verified registry sdists (cached in $SGLPATCH_CACHE).
+* ``patched_tree``: a workdir where ``sglpatch apply`` built the committed series on 0.5.9.
+* ``patched_python`` / ``run_patched``: a venv where ``import sglang`` is that patched tree
+  (``pip install --no-deps -e``), and a helper that runs code in it.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import venv
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+os.environ.setdefault("SGLPATCH_CACHE", str(Path.home() / ".cache" / "sglpatch"))
+
+from sglpatch import stack, upstream  # noqa: E402
+from sglpatch.lock import Lock, read_lock  # noqa: E402
+
+SDIST_0510_SHA256 = "01f7adfe7cde85b238fb0e1bae4b31d494e19d1471cf35ff3c5489a02f9d2263"
+PROJECT_FILES = ("series", "upstream.lock", "patches")
+
+
+@pytest.fixture(scope="session")
+def project_root() -> Path:
+    return ROOT
+
+
+def copy_project(dest: Path) -> Path:
+    dest.mkdir(parents=True, exist_ok=True)
+    for name in PROJECT_FILES:
+        src = ROOT / name
+        if src.is_dir():
+            shutil.copytree(src, dest / name)
+        elif src.exists():
+            shutil.copy2(src, dest / name)
+    return dest
+
+
+@pytest.fixture
+def project_copy(tmp_path) -> Path:
+    return copy_project(tmp_path / "project")
+
+
+@pytest.fixture(scope="session")
+def sdist_059() -> Path:
+    return upstream.fetch_sdist(read_lock(ROOT))
+
+
+def lock_0510() -> Lock:
+    return Lock(
+        name="sglang",
+        url="https://github.com/sgl-project/sglang",
+        tag="v0.5.10.post1",
+        commit="0000000",  # replaced by tests that need it
+        version="0.5.10.post1",
+        sdist_filename="sglang-0.5.10.post1.tar.gz",
+        sdist_sha256=SDIST_0510_SHA256,
+        sdist_subdir="python",
+    )
+
+
+@pytest.fixture(scope="session")
+def sdist_0510() -> Path:
+    return upstream.fetch_sdist(lock_0510())
+
+
+@pytest.fixture(scope="session")
+def patched_tree(tmp_path_factory, sdist_059) -> Path:
+    workdir = tmp_path_factory.mktemp("fork") / "sglang-fork"
+    stack.apply(ROOT, workdir, source="sdist")
+    return workdir
+
+
+@pytest.fixture(scope="session")
+def patched_python(tmp_path_factory, patched_tree) -> Path:
+    """A venv (sharing this interpreter's packages) with the patched tree installed --no-deps -e."""
+    env_dir = tmp_path_factory.mktemp("venv") / "env"
+    venv.EnvBuilder(system_site_packages=True, with_pip=False).create(env_dir)
+    py = env_dir / "bin" / "python"
+    cmd = [
+        str(py),
+        "-m",
+        "pip",
+        "install",
+        "-q",
+        "--no-deps",
+        "--no-build-isolation",
+        "--disable-pip-version-check",
+        "-e",
+        str(patched_tree / "python"),
+    ]
+    env = dict(os.environ, SETUPTOOLS_SCM_PRETEND_VERSION="0.5.9")
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    # the build rewrites _version.py; keep the tree as apply left it
+    subprocess.run(["git", "checkout", "-q", "--", "python/sglang/_version.py"], cwd=patched_tree, check=False)
+    return py
+
+
+@pytest.fixture(scope="session")
+def run_patched(patched_python, tmp_path_factory):
+    cwd = tmp_path_factory.mktemp("run")
+
+    def run(code: str, env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
+        full_env = dict(os.environ)
+        full_env.pop("PYTHONPATH", None)
+        full_env.setdefault("CUDA_VISIBLE_DEVICES", "")
+        if env:
+            full_env.update(env)
+        return subprocess.run(
+            [str(patched_python), "-c", code], capture_output=True, text=True, env=full_env, timeout=timeout, cwd=cwd
+        )
+
+    return run
+
+
+def git(cwd: Path, *args: str, check: bool = True) -> str:
+    """Plain git for test assertions (the code under test uses sglpatch.gitcmd)."""
+    env = dict(os.environ, GIT_CONFIG_GLOBAL=os.devnull, GIT_CONFIG_NOSYSTEM="1")
+    proc = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, env=env)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"git {' '.join(args)} failed: {proc.stderr}")
+    return proc.stdout.strip()
+
+
+def sglpatch(*args: str, cwd: Path | None = None, env: dict | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
+    """Run the real console entry point in a subprocess."""
+    full_env = dict(os.environ)
+    if env:
+        full_env.update(env)
+    return subprocess.run(
+        [sys.executable, "-m", "sglpatch.cli", *args], cwd=cwd or ROOT, capture_output=True, text=True, env=full_env, timeout=timeout
+    )
