@@ -58,7 +58,7 @@ def _cmd_apply(args) -> int:
     result = stack.apply(project, workdir, source=source, force=args.force, python=args.python, url=args.upstream_url)
     print(result.message)
     if not args.no_install:
-        print(install.install(workdir, python=args.python, installer=args.installer))
+        print(install.install(workdir, python=args.python, installer=args.installer, version=read_lock(project).version))
         py = args.python or sys.executable
         have = install.installed_sglang(py)
         if have:
@@ -144,7 +144,43 @@ def _add_core(sub) -> None:
 
 
 def _add_profile_report(sub) -> None:
-    pass
+    def positive(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if not (value > 0 and value != float("inf")):
+            raise argparse.ArgumentTypeError(f"{text!r} must be a positive number")
+        return value
+
+    def run(args) -> int:
+        from sglpatch import profile_report
+
+        return profile_report.run(args)
+
+    p = sub.add_parser(
+        "profile-report",
+        help="summarize an EAGLE cycle profile (SGLANG_VERIFY_PROFILE_FILE, patch 0004)",
+        description="Summarize a JSONL file written with SGLANG_VERIFY_PROFILE=1: time split of a "
+        "speculative cycle, share spent in verify, break-even accept length against the baseline "
+        "decode step, and predicted tok/s for given accept lengths.",
+    )
+    p.add_argument("file", help="JSONL file written by the server (SGLANG_VERIFY_PROFILE_FILE)")
+    p.add_argument(
+        "--accept-length",
+        type=positive,
+        nargs="+",
+        metavar="X",
+        help="also predict tok/s at these accept lengths (tokens per cycle, bonus included)",
+    )
+    p.add_argument(
+        "--baseline-step-ms",
+        type=positive,
+        metavar="MS",
+        help="decode step without speculation, ms (default: the file's value, 12.2 = 82 tok/s)",
+    )
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.set_defaults(func=run)
 
 
 def _add_regress(sub) -> None:
@@ -180,7 +216,52 @@ def _add_regress(sub) -> None:
 
 
 def _add_bisect(sub) -> None:
-    pass
+    def positive(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+        if not (value > 0 and value != float("inf")):
+            raise argparse.ArgumentTypeError(f"{text!r} must be a positive number of seconds")
+        return value
+
+    p = sub.add_parser(
+        "bisect",
+        help="find the first bad patch with git bisect run (CMD: 0 good, 125 skip, other bad)",
+        description="Run CMD at each step of `git bisect run` over GOOD..BAD in the workdir (the editable "
+        "install makes the imported sglang that step's tree) and name the first bad patch by its series "
+        "name, subject and DEP-3 Description. CMD runs in the current directory with "
+        "SGLPATCH_BISECT_COMMIT set. DIR always ends back on branch patched, clean.",
+    )
+    _add_workdir(p)
+    p.add_argument("--good", default="upstream", help="a commit where CMD passes (default: upstream)")
+    p.add_argument("--bad", default="patched", help="a commit where CMD fails (default: patched)")
+    p.add_argument("--timeout", type=positive, metavar="SEC", help="per-run limit; CMD's process group is killed past it")
+    p.add_argument(
+        "--on-timeout", choices=["bad", "skip"], default="bad", help="what a run past --timeout counts as (default: bad, a hang is a regression)"
+    )
+    p.add_argument(
+        "--triage", action="store_true", help="first run CMD on GOOD and BAD: regression upstream, in the series, or none"
+    )
+    p.add_argument("--log-dir", help="where step logs and the report go (default: DIR/.git/sglpatch-bisect/<UTC time>)")
+    p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD [ARGS...]", help="the test command")
+
+    def _run(args) -> int:
+        from sglpatch import bisect
+
+        cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
+        if not cmd:
+            raise SglpatchError("no command given; usage: sglpatch bisect [options] -- CMD [ARGS...]")
+        project = Path(args.project).resolve() if args.project else None
+        result = bisect.run(
+            _workdir(args), cmd, good=args.good, bad=args.bad, timeout=args.timeout, triage=args.triage,
+            on_timeout=args.on_timeout, project_root=project, log_dir=args.log_dir,
+        )
+        sys.stderr.flush()
+        print("\n".join(bisect.format_report(result)), flush=True)
+        return result.exit_code
+
+    p.set_defaults(func=_run)
 
 
 def _add_rebase(sub) -> None:

@@ -35,7 +35,7 @@ def installed_sglang(python: str) -> tuple[str, str] | None:
     return (lines[-2], lines[-1]) if len(lines) >= 2 else None
 
 
-def install(workdir: Path, python: str | None = None, installer: str = "auto") -> str:
+def install(workdir: Path, python: str | None = None, installer: str = "auto", version: str | None = None) -> str:
     """Editable-install DIR/python into python's environment. Returns a one-line summary."""
     workdir = Path(workdir).resolve()
     py = python or sys.executable
@@ -54,7 +54,11 @@ def install(workdir: Path, python: str | None = None, installer: str = "auto") -
         cmd = [py, "-m", "pip", "install", "--no-deps", "--disable-pip-version-check", "-e", str(src)]
     print(f"sglpatch: installing: {' '.join(cmd)}", file=sys.stderr, flush=True)
     git = Git(workdir)
-    proc = subprocess.run(cmd, stdout=sys.stderr, stderr=sys.stderr)
+    env = dict(os.environ)
+    if version:
+        # the workdir carries no upstream tags; tell setuptools-scm the pinned version
+        env["SETUPTOOLS_SCM_PRETEND_VERSION_FOR_SGLANG"] = version
+    proc = subprocess.run(cmd, stdout=sys.stderr, stderr=sys.stderr, env=env)
     # setuptools-scm rewrites _version.py during the build; keep the tree clean.
     for path in GENERATED:
         if path in git.dirty_files():

@@ -107,6 +107,8 @@ def _safe_extract(tarball: Path, dest: Path) -> str:
                 raise SglpatchError(f"{tarball.name}: member {m.name!r} is a link; refusing")
             if not (m.isfile() or m.isdir()):
                 continue
+            if rel == "PKG-INFO" or parts[0].endswith(".egg-info"):
+                continue  # sdist build artifacts, not repository files (a build rewrites them)
             out = dest / rel
             if m.isdir():
                 out.mkdir(parents=True, exist_ok=True)
@@ -272,3 +274,121 @@ def resolve_commit(project: Path) -> str:
     lock.commit = full
     write_lock(project, lock)
     return f"upstream.commit = {full}"
+
+
+# --------------------------------------------------------------------------------------
+# a new pin for `sglpatch rebase --onto VERSION|TAG|COMMIT` (added for rebase)
+
+_ONTO_VERSION_RE = re.compile(r"^v?([0-9]+(\.[0-9]+)*((a|b|rc|\.post|\.dev)[0-9]+)*)$")
+_ONTO_SHA_RE = re.compile(r"^[0-9a-f]{7,40}$")
+
+
+def _ls_remote_tags(url: str, timeout: float = 20.0) -> dict[str, str] | None:
+    """tag -> peeled commit id at url, or None when the URL does not answer."""
+    url = validate_url(url)
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            rc, out, _ = Git(tmp).run("ls-remote", "--tags", "--end-of-options", url, check=False, network=True, timeout=timeout)
+        except Exception:  # GitPython raises on kill_after_timeout
+            return None
+    if rc != 0:
+        return None
+    tags: dict[str, str] = {}
+    for line in out.splitlines():
+        if "\t" not in line:
+            continue
+        sha, ref = line.split("\t", 1)
+        if not ref.startswith("refs/tags/"):
+            continue
+        name = ref[len("refs/tags/") :]
+        if name.endswith("^{}"):
+            tags[name[:-3]] = sha
+        else:
+            tags.setdefault(name, sha)
+    return tags
+
+
+def sdist_commit(tarball: Path) -> str:
+    """The commit id the sdist's sglang/_version.py records ('' when it records none)."""
+    with tarfile.open(tarball, "r:gz") as tf:
+        for m in tf.getmembers():
+            parts = m.name.split("/")
+            if parts[1:] == ["sglang", "_version.py"] and m.isfile():
+                text = tf.extractfile(m).read().decode("utf-8", "replace")
+                found = re.search(r"commit_id\s*=\s*['\"]g?([0-9a-f]{7,40})['\"]", text)
+                return found.group(1) if found else ""
+    return ""
+
+
+def target_lock(
+    current: Lock,
+    onto: str,
+    source: str,
+    recorded: dict[str, str] | None = None,
+    commit: str | None = None,
+    python: str | None = None,
+    url: str | None = None,
+) -> Lock:
+    """The Lock for a rebase target, every field filled and checked.
+
+    onto: a registry version (0.5.10.post1), a release tag (v0.5.10.post1) or, with the git
+    source, a commit id that a release tag points at (the lock pins releases: tag + sdist).
+    recorded: the project's recorded pin for that version (resolutions/<version>/target.toml:
+    tag, commit, sdist_sha256), which wins over anything looked up here. Without it the sdist
+    sha256 is taken from the registry download (trust on first use) and the commit from the
+    sdist's _version.py, --commit, or `git ls-remote` of the tag.
+    """
+    onto = onto.strip()
+    m = _ONTO_VERSION_RE.match(onto)
+    if m:
+        version = m.group(1)
+        tag = onto if onto.startswith("v") else f"v{version}"
+    elif _ONTO_SHA_RE.match(onto):
+        if source != "git":
+            raise SglpatchError(f"--onto {onto}: a commit id needs --source git (the registry knows versions, not commits)")
+        tags = _ls_remote_tags(url or current.url)
+        if tags is None:
+            raise SglpatchError(f"--onto {onto}: cannot list the tags of {url or current.url}; pass the release tag or version instead")
+        hits = sorted(t for t, sha in tags.items() if sha.startswith(onto) and _ONTO_VERSION_RE.match(t))
+        if not hits:
+            raise SglpatchError(f"--onto {onto}: no release tag points at this commit; upstream.lock pins releases (tag + sdist)")
+        tag = hits[0]
+        version = _ONTO_VERSION_RE.match(tag).group(1)
+    else:
+        raise SglpatchError(f"--onto {onto!r}: expected a version (0.5.10.post1), a tag (v0.5.10.post1) or a commit id")
+    recorded = recorded or {}
+    if recorded.get("version", version) != version:
+        raise SglpatchError(f"recorded target pin is for version {recorded['version']}, not {version}")
+    tag = recorded.get("tag", tag)
+    lock = Lock(
+        name=current.name,
+        url=url or current.url,
+        tag=validate_ref(tag, "tag"),
+        commit="0000000",
+        version=version,
+        sdist_filename=f"{current.name}-{version}.tar.gz",
+        sdist_sha256=recorded.get("sdist_sha256", ""),
+        sdist_subdir=current.sdist_subdir,
+    )
+    tarball = fetch_sdist(lock, python)  # verifies a recorded sha256; otherwise trust on first use
+    if not lock.sdist_sha256:
+        lock.sdist_sha256 = sha256_file(tarball)
+        say(f"sdist {lock.sdist_filename} sha256 {lock.sdist_sha256} (trust on first use: from the registry download)")
+    in_sdist = sdist_commit(tarball)
+    candidates = [("recorded target pin", recorded.get("commit")), ("--commit", commit), ("the sdist's _version.py", in_sdist)]
+    chosen = next(((why, c) for why, c in candidates if c), None)
+    if chosen is None:
+        tags = _ls_remote_tags(lock.url)
+        if tags and tags.get(tag):
+            chosen = (f"git ls-remote {lock.url}", tags[tag])
+    if chosen is None:
+        raise SglpatchError(
+            f"cannot tell which commit {tag} is: the sdist records none and {lock.url} does not answer; "
+            f"pass --commit SHA (or record it in resolutions/{version}/target.toml)"
+        )
+    for why, c in candidates:
+        if c and not _commits_match(c, chosen[1]):
+            raise LockError(f"upstream.commit: {why} says {c} but {chosen[0]} says {chosen[1]}")
+    lock.commit = chosen[1]
+    lock.validate(f"target {version}")
+    return lock

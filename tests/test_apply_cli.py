@@ -1,0 +1,84 @@
+"""The user's path end to end: the CLI and scripts/apply.sh, auto source, install, lock --resolve."""
+
+from __future__ import annotations
+
+import subprocess
+import venv
+from pathlib import Path
+
+from conftest import git, sglpatch
+from sglpatch import stack
+from sglpatch.lock import read_lock, write_lock
+
+
+def _mirror(tmp_path: Path, project: Path) -> tuple[Path, str]:
+    """A local git 'upstream' holding the sdist tree with tag v0.5.9 (stands in for GitHub)."""
+    wd = tmp_path / "seed"
+    stack.apply(project, wd, source="sdist")
+    mirror = tmp_path / "mirror"
+    git(tmp_path, "clone", "-q", "--branch", "upstream", str(wd), str(mirror))
+    git(mirror, "tag", "v0.5.9")
+    return mirror, git(mirror, "rev-parse", "HEAD")
+
+
+def test_auto_source_uses_git_when_it_answers_else_sdist(project_copy, tmp_path):
+    mirror, sha = _mirror(tmp_path, project_copy)
+    lock = read_lock(project_copy)
+    lock.url, lock.commit = f"file://{mirror}", sha[:9]
+    write_lock(project_copy, lock)
+    proc = sglpatch("apply", "--project", str(project_copy), "--workdir", str(tmp_path / "a"), "--source", "auto", "--no-install")
+    assert proc.returncode == 0, proc.stderr
+    assert "source: git" in proc.stderr
+    lock.url, lock.commit = "https://127.0.0.1:9/nowhere/sglang", read_lock(Path(__file__).parents[1]).commit
+    write_lock(project_copy, lock)
+    proc = sglpatch(
+        "apply", "--project", str(project_copy), "--workdir", str(tmp_path / "b"), "--source", "auto", "--probe-timeout", "3", "--no-install"
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "source: sdist" in proc.stderr
+    assert "not reachable" in proc.stderr or "did not answer" in proc.stderr
+    assert git(tmp_path / "a", "rev-parse", "patched^{tree}") == git(tmp_path / "b", "rev-parse", "patched^{tree}")
+
+
+def test_lock_resolve_writes_the_full_commit(project_copy, tmp_path):
+    mirror, sha = _mirror(tmp_path, project_copy)
+    lock = read_lock(project_copy)
+    lock.url, lock.commit = f"file://{mirror}", sha[:9]
+    write_lock(project_copy, lock)
+    proc = sglpatch("lock", "--resolve", "--project", str(project_copy))
+    assert proc.returncode == 0, proc.stderr
+    assert read_lock(project_copy).commit == sha
+    lock.commit = "abcdef123"
+    write_lock(project_copy, lock)
+    proc = sglpatch("lock", "--resolve", "--project", str(project_copy))
+    assert proc.returncode == 1 and "upstream.commit" in proc.stderr
+
+
+def test_apply_installs_into_the_given_python_and_reports_it(project_copy, tmp_path):
+    env_dir = tmp_path / "venv"
+    venv.EnvBuilder(system_site_packages=True, with_pip=False).create(env_dir)
+    py = env_dir / "bin" / "python"
+    wd = tmp_path / "fork"
+    args = ["apply", "--project", str(project_copy), "--workdir", str(wd), "--source", "sdist", "--python", str(py), "--installer", "pip"]
+    proc = sglpatch(*args)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"imports sglang 0.5.9 from {wd.resolve()}/python/sglang/__init__.py" in proc.stdout
+    assert git(wd, "status", "--porcelain", "--untracked-files=no") == ""
+    # re-running is safe: no commit, no reinstall
+    head = git(wd, "rev-parse", "patched")
+    proc = sglpatch(*args)
+    assert proc.returncode == 0 and "up to date" in proc.stdout and "already installed" in proc.stdout
+    assert git(wd, "rev-parse", "patched") == head
+
+
+def test_apply_sh_runs_the_whole_flow(project_root, tmp_path):
+    wd = tmp_path / "fork"
+    proc = subprocess.run(
+        ["bash", str(project_root / "scripts" / "apply.sh"), "--workdir", str(wd), "--source", "sdist", "--no-install"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "patched rebuilt" in proc.stdout or "up to date" in proc.stdout
+    assert git(wd, "rev-parse", "--abbrev-ref", "HEAD") == "patched"
