@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+import shutil
 import sys
 import tempfile
 import time
@@ -24,7 +25,7 @@ from pathlib import Path
 
 from sglpatch import upstream as up
 from sglpatch.errors import SglpatchError
-from sglpatch.fsutil import exclusive, write_if_changed
+from sglpatch.fsutil import crashpoint, exclusive, write_if_changed
 from sglpatch.gitcmd import Git
 from sglpatch.lock import Lock, read_lock
 from sglpatch.series import (
@@ -43,6 +44,7 @@ from sglpatch.series import (
 PATCHED_BRANCH = "patched"
 MANAGED_KEY = "sglpatch.managed"
 APPLIED_KEY = "sglpatch.applied"
+CHECKOUT_KEY = "sglpatch.first-checkout"  # set while the first checkout into a fresh workdir runs
 BACKUP_PREFIX = "refs/sglpatch/backup"
 FORMAT_PATCH_FLAGS = (
     "--stdout",
@@ -58,6 +60,7 @@ FORMAT_PATCH_FLAGS = (
     "--subject-prefix=PATCH",
     "--encoding=UTF-8",
     "--stat=72",
+    "--summary",
     "--binary",
 )
 _EXCLUDES = ("*.egg-info/", "__pycache__/", "*.pyc", "/python/build/", "*.so")
@@ -116,20 +119,38 @@ def open_workdir(workdir: Path, create: bool) -> Git:
         workdir.mkdir(parents=True, exist_ok=True)
         git = Git(workdir)
         git.run("init", "-q", f"--initial-branch={PATCHED_BRANCH}")
-        git.config_set(MANAGED_KEY, "true")
-        exclude = workdir / ".git" / "info" / "exclude"
-        exclude.parent.mkdir(parents=True, exist_ok=True)
-        with open(exclude, "a") as f:
-            f.write("# build outputs of the editable install (sglpatch)\n" + "\n".join(_EXCLUDES) + "\n")
+        crashpoint("init")
+        _finish_init(git)
         return git
     git = Git(workdir)
     if not git.is_repo():
         raise SglpatchError(f"{workdir} is not empty and not a git repository made by sglpatch; choose another --workdir")
+    if git.config_get(MANAGED_KEY) != "true" and create and _is_bare_init(git):
+        # an earlier run was stopped between `git init` and marking the repository as ours:
+        # nothing is in it (no ref, no file), so finishing the set-up cannot lose anything
+        _finish_init(git)
     if git.config_get(MANAGED_KEY) != "true":
         raise SglpatchError(
             f"{workdir} is a git repository not made by sglpatch; refusing to touch it (choose an empty --workdir)"
         )
     return git
+
+
+def _finish_init(git: Git) -> None:
+    exclude = git.workdir / ".git" / "info" / "exclude"
+    exclude.parent.mkdir(parents=True, exist_ok=True)
+    header = "# build outputs of the editable install (sglpatch)\n"
+    if header not in (exclude.read_text() if exclude.exists() else ""):
+        with open(exclude, "a") as f:
+            f.write(header + "\n".join(_EXCLUDES) + "\n")
+    git.config_set(MANAGED_KEY, "true")  # last: marks the set-up complete
+
+
+def _is_bare_init(git: Git) -> bool:
+    """A repository exactly as `git init` left it: no refs, HEAD unborn, no file beside .git."""
+    if any(p.name != ".git" for p in git.workdir.iterdir()):
+        return False
+    return git.head_commit() is None and git.run("for-each-ref", "--count=1") == ""
 
 
 def _lockfile(git: Git) -> Path:
@@ -207,7 +228,10 @@ def check_exact(git: Git, base: str, patch: PatchFile, strip: int) -> None:
     for path, hunks in _parse_hunks(patch, strip).items():
         rc, content, _ = git.run("cat-file", "blob", f"{base}:{path}", check=False, strip=False)
         if rc != 0:
-            raise ApplyError(f"patch {patch.name}: {path} does not exist in the tree it applies to")
+            raise ApplyError(
+                f"patch {patch.name}: {path} does not exist in the tree it applies to; "
+                f"check the patch's -p level in {SERIES_NAME} (it is -p{strip}) and that it was made against {base[:12]}'s release"
+            )
         file_lines = content.split("\n")
         for n, h in enumerate(hunks, 1):
             at = h.old_start - 1
@@ -233,7 +257,7 @@ def commit_patch(git: Git, base: str, entry: Entry, patch: PatchFile, exact: boo
     """Apply patch on top of base off to the side; return the new commit (git am's message and author)."""
     if exact:
         check_exact(git, base, patch, entry.strip)
-    with tempfile.TemporaryDirectory(prefix="sglpatch-am-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="sglpatch-am-", dir=up.scratch_dir(git)) as tmp:
         tmpd = Path(tmp)
         pfile = tmpd / "patch"
         pfile.write_bytes(patch.data)
@@ -266,6 +290,7 @@ def build_chain(git: Git, project: Project, base: str, progress: bool = True) ->
     n = len(project.patches)
     for k, (entry, patch) in enumerate(zip(project.series.entries, project.patches), 1):
         head = commit_patch(git, head, entry, patch)
+        crashpoint(f"apply:patch:{k}")
         commits.append(head)
         if progress:
             say(f"[{k}/{n}] {entry.name}: {patch.subject}")
@@ -285,7 +310,15 @@ class ApplyResult:
 
 
 def _guard_workdir(git: Git, force: bool) -> None:
+    index_lock = git.workdir / ".git" / "index.lock"
+    if index_lock.exists():
+        raise ApplyError(
+            f"{index_lock} exists: a git command is running in {git.workdir}, or one was killed; "
+            "if no git is running there, remove that file and re-run; nothing was changed"
+        )
     dirty = git.dirty_files()
+    if dirty and git.head_commit() is None and git.config_get(CHECKOUT_KEY):
+        dirty = []  # the first checkout into this fresh workdir was interrupted; apply finishes it
     if dirty:
         shown = ", ".join(dirty[:3]) + (f" and {len(dirty) - 3} more" if len(dirty) > 3 else "")
         raise ApplyError(
@@ -307,9 +340,16 @@ def _move_patched(git: Git, new_head: str, old_head: str | None) -> None:
     if branch == PATCHED_BRANCH and old_head is not None:
         git.run("reset", "-q", "--keep", new_head)
     elif branch == PATCHED_BRANCH:  # unborn: fresh workdir; refuses to overwrite untracked files
-        empty_tree = git.run("hash-object", "-t", "tree", "--stdin", input=b"")
-        git.run("read-tree", "-m", "-u", empty_tree, new_head)
+        if git.config_get(CHECKOUT_KEY):
+            # our own first checkout was killed half-way (HEAD still unborn): finish it
+            git.run("read-tree", "--reset", "-u", new_head)
+        else:
+            git.config_set(CHECKOUT_KEY, new_head)
+            empty_tree = git.run("hash-object", "-t", "tree", "--stdin", input=b"")
+            git.run("read-tree", "-m", "-u", empty_tree, new_head)
+        crashpoint("apply:checkout")
         git.update_ref(f"refs/heads/{PATCHED_BRANCH}", new_head, message="sglpatch apply")
+        git.run("config", "--local", "--unset", CHECKOUT_KEY)
     else:
         git.update_ref(f"refs/heads/{PATCHED_BRANCH}", new_head, old_head, message="sglpatch apply")
         git.run("checkout", "-q", PATCHED_BRANCH)
@@ -326,6 +366,8 @@ def apply(
     project = Project.load(project_root)
     git = open_workdir(workdir, create=True)
     with exclusive(_lockfile(git), str(git.workdir)):
+        crashpoint("apply:locked")
+        shutil.rmtree(git.workdir / ".git" / up.SCRATCH, ignore_errors=True)  # left by a killed run
         _guard_workdir(git, force)
         base = up.materialize(git, project.lock, source, python=python, url=url)
         digest = project.digest(base)
@@ -356,7 +398,9 @@ def apply(
             git.update_ref(backup, old_head, message="sglpatch apply: previous patched")
             if old_head != rec_head:
                 say(f"kept the previous {PATCHED_BRANCH} as {backup}")
+        crashpoint("apply:backup")
         _move_patched(git, new_head, old_head)
+        crashpoint("apply:moved")
         _record(git, digest, new_head)
         return ApplyResult(
             True,
@@ -437,16 +481,18 @@ def export(project_root: Path, workdir: Path) -> ExportResult:
             new_entries.append(entry)
             datas.append(data)
         written, unchanged = [], []
-        for entry, data in zip(new_entries, datas):
+        for k, (entry, data) in enumerate(zip(new_entries, datas), 1):
             if write_if_changed(project_root / PATCH_DIR / entry.name, data):
                 written.append(entry.name)
             else:
                 unchanged.append(entry.name)
+            crashpoint(f"export:patch:{k}")
         new_series = Series(entries=new_entries, trailer=series.trailer)
         orphan_comments = [c for e in series.entries if e.name not in used for c in e.comments]
         if orphan_comments:
             new_series.trailer = orphan_comments + new_series.trailer
         series_changed = write_if_changed(project_root / SERIES_NAME, new_series.dumps().encode())
+        crashpoint("export:series")
         removed = []
         for e in series.entries:
             if e.name not in used:
@@ -454,6 +500,7 @@ def export(project_root: Path, workdir: Path) -> ExportResult:
                 if p.is_file():
                     p.unlink()
                     removed.append(e.name)
+        crashpoint("export:removed")
         # the workdir now matches the series again
         project = Project.load(project_root)
         _record(git, project.digest(base), head)
