@@ -22,8 +22,11 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 os.environ.setdefault("SGLPATCH_CACHE", str(Path.home() / ".cache" / "sglpatch"))
 
-from sglpatch import stack, upstream  # noqa: E402
-from sglpatch.lock import Lock, read_lock  # noqa: E402
+try:  # the GPU tests run on machines without GitPython; they need none of this
+    from sglpatch import stack, upstream  # noqa: E402
+    from sglpatch.lock import Lock, read_lock  # noqa: E402
+except ImportError:  # pragma: no cover
+    stack = upstream = Lock = read_lock = None
 
 SDIST_0510_SHA256 = "01f7adfe7cde85b238fb0e1bae4b31d494e19d1471cf35ff3c5489a02f9d2263"
 PROJECT_FILES = ("series", "upstream.lock", "patches")
@@ -55,7 +58,7 @@ def sdist_059() -> Path:
     return upstream.fetch_sdist(read_lock(ROOT))
 
 
-def lock_0510() -> Lock:
+def lock_0510() -> "Lock":
     return Lock(
         name="sglang",
         url="https://github.com/sgl-project/sglang",
@@ -74,15 +77,28 @@ def sdist_0510() -> Path:
 
 
 @pytest.fixture(scope="session")
-def patched_tree(tmp_path_factory, sdist_059) -> Path:
+def patched_tree(tmp_path_factory) -> Path:
+    installed = os.environ.get("SGLPATCH_PATCHED_PYTHON")
+    if installed:  # the installed editable tree: <workdir>/python/sglang/__init__.py
+        out = subprocess.run([installed, "-c", "import sglang; print(sglang.__file__)"], capture_output=True, text=True)
+        assert out.returncode == 0, f"{installed} cannot import sglang: {out.stderr[-500:]}"
+        return Path(out.stdout.strip().splitlines()[-1]).resolve().parents[2]
     workdir = tmp_path_factory.mktemp("fork") / "sglang-fork"
     stack.apply(ROOT, workdir, source="sdist")
     return workdir
 
 
 @pytest.fixture(scope="session")
-def patched_python(tmp_path_factory, patched_tree) -> Path:
-    """A venv (sharing this interpreter's packages) with the patched tree installed --no-deps -e."""
+def patched_python(tmp_path_factory, request) -> Path:
+    """A venv (sharing this interpreter's packages) with the patched tree installed --no-deps -e.
+
+    With SGLPATCH_PATCHED_PYTHON set (the regression suite's cpu tier on the target), the patch
+    tests run against that interpreter's installed sglang instead.
+    """
+    installed = os.environ.get("SGLPATCH_PATCHED_PYTHON")
+    if installed:
+        return Path(installed)
+    patched_tree = request.getfixturevalue("patched_tree")
     env_dir = tmp_path_factory.mktemp("venv") / "env"
     venv.EnvBuilder(system_site_packages=True, with_pip=False).create(env_dir)
     py = env_dir / "bin" / "python"

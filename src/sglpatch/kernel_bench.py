@@ -17,7 +17,8 @@ so their bf16 sum over <= 32 ranks is exact and any difference is a wrong result
 
 Timing: one sample = --inner allreduces back to back (inputs rotate among --inner
 different buffers) between two CUDA events, divided by --inner; ranks are aligned
-on a CPU barrier before each sample; a sample's time is the slowest rank's.  The
+on a CPU barrier before each sample; a sample's time is that of the rank whose
+events show the least time (the last to arrive, which waited for no other).  The
 report gives the median and p90 over --samples samples, in microseconds.
 """
 
@@ -365,7 +366,20 @@ class FlashinferFusedBackend(Backend):
             o.fill_(float("nan"))
 
 
-BACKEND_CLASSES = {c.name: c for c in (NcclBackend, SymmMemBackend, CustomArBackend, FlashinferFusedBackend)}
+class SelftestWrongBackend(NcclBackend):
+    """Fast and wrong on purpose (NCCL, then one element off by one): proves the checker
+    fails the tier.  Only for tests; never in a profile's backend list."""
+
+    name = "selftest_wrong"
+
+    def op(self, k):
+        out = super().op(k)
+        out[0, 0] += 1
+        return out
+
+
+BACKEND_CLASSES = {c.name: c for c in (NcclBackend, SymmMemBackend, CustomArBackend, FlashinferFusedBackend,
+                                       SelftestWrongBackend)}
 
 
 # --------------------------------------------------------------------------- measuring
@@ -425,7 +439,7 @@ def measure(backend: Backend, ctx, rows: int, mode: str) -> dict:
         backend.refill()
         g = torch.cuda.CUDAGraph()
         with backend.capture_ctx():
-            with torch.cuda.graph(g):
+            with torch.cuda.graph(g, capture_error_mode="thread_local"):
                 outs = [backend.op(k) for k in range(inner)]
         torch.cuda.synchronize()
         for _ in range(ctx.args.warmup):
@@ -544,7 +558,9 @@ def run(args) -> int:
                     row.update(status="error", detail=excs[0])
                 else:
                     n = min(len(a["times"]) for a in allr)
-                    per_sample = [max(a["times"][i] for a in allr) for i in range(n)]
+                    # the rank that reached the sample last waits for nobody: its time is the
+                    # collective's latency without host skew from the CPU barrier
+                    per_sample = [min(a["times"][i] for a in allr) for i in range(n)]
                     wrong = [(i, a) for i, a in enumerate(allr) if not a["ok"]]
                     row.update(
                         status="wrong" if wrong else "ok",

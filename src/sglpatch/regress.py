@@ -4,6 +4,7 @@ Exit status of `sglpatch regress` (also what `sglpatch bisect` sees):
   0    every tier that ran passed
   1    a regression or failure (wrong result, crash, below baseline, leftover process)
   125  the requested tier cannot run here (no GPUs, no torch): `git bisect run` skips
+  2    a usage error (unknown profile, bad profile file)
 
 Every GPU step runs under a timeout in its own process session; on timeout or when the
 step ends, the whole tree it started (tracked by PID and start time, also children that
@@ -42,6 +43,12 @@ TIERS = ("cpu", "kernel", "server")
 EXIT_PASS, EXIT_FAIL, EXIT_CANNOT_RUN = 0, 1, 125
 KERNEL_BENCH = Path(__file__).with_name("kernel_bench.py")
 DEFAULT_SIZES = [1, 2, 3, 4, 8, 16, 64, 512, 2048]
+EXIT_USAGE = 2
+
+
+def _usage(msg: str) -> SglpatchError:
+    """A user error (bad profile, bad flag): exit 2, so bisect does not read it as a regression."""
+    return SglpatchError(msg, exit_code=EXIT_USAGE)
 
 
 # =========================================================================== profiles
@@ -49,7 +56,7 @@ DEFAULT_SIZES = [1, 2, 3, 4, 8, 16, 64, 512, 2048]
 DEFAULTS: dict = {
     "target": {"name": "local", "description": "", "gpu_name": None, "gpus": None, "nvlink": None},
     "env": {},
-    "cpu": {"python": None, "tests": "tests/patches", "import_check": "sglang", "timeout_s": 1800,
+    "cpu": {"python": None, "pytest_python": None, "tests": "tests/patches", "import_check": "sglang", "timeout_s": 1800,
             "pytest_args": []},
     "kernel": {"python": None, "world_size": None, "sizes": DEFAULT_SIZES, "hidden": 7168,
                "backends": ["nccl", "symm_mem", "custom_ar", "flashinfer_fused"],
@@ -102,7 +109,7 @@ def resolve_profile_path(name: str, project: Path) -> Path:
     if cand.is_file():
         return cand
     known = sorted(x.stem for x in (project / "targets").glob("*.toml")) if (project / "targets").is_dir() else []
-    raise SglpatchError(f"profile {name!r} not found (looked at {p} and {cand}); known: {', '.join(known) or 'none'}")
+    raise _usage(f"profile {name!r} not found (looked at {p} and {cand}); known: {', '.join(known) or 'none'}")
 
 
 def load_profile(path: Path | None) -> dict:
@@ -113,16 +120,16 @@ def load_profile(path: Path | None) -> dict:
     try:
         data = tomllib.loads(Path(path).read_text())
     except (OSError, tomllib.TOMLDecodeError) as e:
-        raise SglpatchError(f"cannot read profile {path}: {e}") from None
+        raise _usage(f"cannot read profile {path}: {e}") from None
     unknown = set(data) - set(DEFAULTS)
     if unknown:
-        raise SglpatchError(f"profile {path}: unknown section(s) {sorted(unknown)}; known: {sorted(DEFAULTS)}")
+        raise _usage(f"profile {path}: unknown section(s) {sorted(unknown)}; known: {sorted(DEFAULTS)}")
     prof = _merge(prof, {k: v for k, v in data.items() if k != "server"})
     if "server" in data:
         srv = _merge(json.loads(json.dumps(SERVER_DEFAULTS)), data["server"])
         for i, m in enumerate(srv["modes"]):
             if "name" not in m:
-                raise SglpatchError(f"profile {path}: server.modes[{i}] has no name")
+                raise _usage(f"profile {path}: server.modes[{i}] has no name")
             m.setdefault("args", [])
             m.setdefault("env", {})
             m.setdefault("gate", True)
@@ -130,7 +137,7 @@ def load_profile(path: Path | None) -> dict:
     for sec in ("env",):
         bad = {k: v for k, v in prof[sec].items() if not isinstance(v, (str, int, float))}
         if bad:
-            raise SglpatchError(f"profile {path}: [{sec}] values must be strings or numbers: {sorted(bad)}")
+            raise _usage(f"profile {path}: [{sec}] values must be strings or numbers: {sorted(bad)}")
     prof["_path"] = str(path)
     return prof
 
@@ -195,7 +202,7 @@ class ManagedProcess:
                                           stdin=subprocess.DEVNULL, start_new_session=True)
         except OSError as e:
             self._log.close()
-            raise SglpatchError(f"cannot start {cmd[0]}: {e}") from None
+            raise _usage(f"cannot start {cmd[0]}: {e}") from None
         self.pid = self.popen.pid
         self.seen: dict[int, int] = {}
         st = _starttime(self.pid)
@@ -365,7 +372,12 @@ def tier_cpu(prof: dict, project: Path, report_dir: Path, base_env: dict) -> Tie
         lines = r.stdout.splitlines() + ["", ""]
         tr.data["under_test"] = {"module": mod, "file": lines[0], "version": lines[1], "python": python}
     junit = report_dir / "cpu-junit.xml"
-    cmd = [python, "-m", "pytest", str(tests), "-q", "-p", "no:cacheprovider", "-o", "addopts=",
+    # pytest runs with sglpatch's own interpreter (the conftest needs sglpatch + GitPython);
+    # the interpreter holding the INSTALLED patched sglang is handed over in
+    # SGLPATCH_PATCHED_PYTHON for the patch tests' `patched_python` fixture to use.
+    runner = _expand(cfg.get("pytest_python") or sys.executable)
+    base_env = dict(base_env, SGLPATCH_PATCHED_PYTHON=python)
+    cmd = [runner, "-m", "pytest", str(tests), "-q", "-p", "no:cacheprovider", "-o", "addopts=",
            f"--junitxml={junit}", *map(str, cfg.get("pytest_args", []))]
     res = run_step(cmd, base_env, report_dir / "cpu-pytest.log", cfg["timeout_s"], cwd=str(project))
     tr.data["pytest"] = res
@@ -390,7 +402,7 @@ def tier_cpu(prof: dict, project: Path, report_dir: Path, base_env: dict) -> Tie
         tr.fail(f"pytest exit {res['rc']}: {tr.summary}; log {res['log']}")
     else:
         tr.status = "pass"
-    tr.md = [f"- python: `{python}`", f"- under test: {tr.data.get('under_test')}",
+    tr.md = [f"- patched sglang from: `{python}` (SGLPATCH_PATCHED_PYTHON); pytest run by `{runner}`", f"- under test: {tr.data.get('under_test')}",
              f"- `{shlex.join(cmd)}`", f"- result: {tr.summary} (log `cpu-pytest.log`, junit `cpu-junit.xml`)"]
     if tr.status == "fail":
         tr.md += ["", "```", tail(report_dir / "cpu-pytest.log", 30), "```"]
@@ -450,18 +462,23 @@ def find_crossover(rows: list[dict], mode: str, hidden: int) -> dict | None:
     sizes = sorted(set(by[custom]) & set(by["nccl"]))
     if not sizes:
         return None
-    cap_rows, first_loss = 0, None
-    for n in sizes:
-        if by[custom][n] < by["nccl"][n]:
-            cap_rows = n
-        else:
+    wins = {n: by[custom][n] < by["nccl"][n] for n in sizes}
+    # crossover: the smallest size from which custom loses at every larger size too;
+    # a lone loss below it (noise, or a real dip) is listed, not taken as the crossover
+    first_loss = None
+    for i, n in enumerate(sizes):
+        if all(not wins[m] for m in sizes[i:]):
             first_loss = n
             break
-    wins_anywhere_above = first_loss is not None and any(by[custom][n] < by["nccl"][n] for n in sizes if n > first_loss)
+    below = [n for n in sizes if first_loss is None or n < first_loss]
+    cap_rows = max((n for n in below if wins[n]), default=0)
+    isolated = [n for n in below if not wins[n]]
+    wins_anywhere_above = False
     return {"mode": mode, "custom": custom, "stand_in": custom != "custom_ar",
             "wins_up_to_rows": cap_rows, "first_loss_rows": first_loss,
             "recommended_max_bytes": cap_rows * hidden * 2 if first_loss is not None else None,
             "wins_at_all_sizes": first_loss is None, "wins_again_above_crossover": wins_anywhere_above,
+            "losses_below_crossover": isolated,
             "speedup_at_3": (round(by["nccl"][3] / by[custom][3], 2) if 3 in by[custom] and 3 in by["nccl"] else None)}
 
 
@@ -627,7 +644,8 @@ def kernel_markdown(d: dict, prof: dict) -> list[str]:
             md.append(f"- {mode}: {who} beats NCCL up to [{c['wins_up_to_rows']},{d.get('hidden')}], "
                       f"loses from [{c['first_loss_rows']},{d.get('hidden')}]: "
                       f"recommended cap {c['recommended_max_bytes']} bytes"
-                      + (" (note: wins again at some larger size)" if c["wins_again_above_crossover"] else ""))
+                      + (f" (NCCL also won at rows {c['losses_below_crossover']}: check p90 / re-run)"
+                         if c.get("losses_below_crossover") else ""))
         if c.get("speedup_at_3"):
             md.append(f"  - at [3,{d.get('hidden')}] (verify pass): NCCL / {c['custom']} = {c['speedup_at_3']}x")
     md.append("")
@@ -852,7 +870,8 @@ def run_server_mode(srv: dict, mode: dict, report_dir: Path, base_env: dict, pyt
     vp = report_dir / f"verify_profile-{name}.jsonl"
     with contextlib.suppress(FileNotFoundError):
         vp.unlink()
-    env.setdefault("SGLANG_VERIFY_PROFILE", "1")
+    # P4's verify profile is switched on per mode (SGLANG_VERIFY_PROFILE=1 in the mode's env);
+    # the file always goes to the report folder
     env["SGLANG_VERIFY_PROFILE_FILE"] = str(vp)
     env.setdefault("PYTHONUNBUFFERED", "1")
     cmd = server_command(srv, mode, python)
@@ -969,7 +988,7 @@ def tier_server(prof: dict, project: Path, report_dir: Path, base_env: dict) -> 
 def run_regress(tier: str = "all", profile: str | None = None, report: str | None = None,
                 project: str | None = None, baseline: str | None = None, argv: list[str] | None = None) -> dict:
     if tier not in (*TIERS, "all"):
-        raise SglpatchError(f"unknown tier {tier!r}; choose cpu, kernel, server or all")
+        raise _usage(f"unknown tier {tier!r}; choose cpu, kernel, server or all")
     proj = Path(project).resolve() if project else find_project_root()
     prof_path = resolve_profile_path(profile, proj) if profile else None
     prof = load_profile(prof_path)
@@ -978,7 +997,7 @@ def run_regress(tier: str = "all", profile: str | None = None, report: str | Non
     report_dir = report_dir.resolve()
     report_dir.mkdir(parents=True, exist_ok=True)
     if baseline and not Path(baseline).is_file():
-        raise SglpatchError(f"--baseline {baseline}: no such file (give a previous report.json)")
+        raise _usage(f"--baseline {baseline}: no such file (give a previous report.json)")
     base_env = dict(os.environ)
     base_env.update({k: str(v) for k, v in prof["env"].items()})
     wanted = list(TIERS) if tier == "all" else [tier]

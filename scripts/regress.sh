@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Thin entry point for the container: sglpatch regress with sensible defaults.
+#   scripts/regress.sh --tier kernel                      # profile from $SGLPATCH_PROFILE or the target
+#   scripts/regress.sh --tier all --report /data/regress/run1
+# Exit: 0 pass, 1 regression, 125 cannot run here (git bisect run skips).
+set -euo pipefail
+export PYTHONUNBUFFERED=1
+args=("$@")
+have() { local f; for f in "${args[@]}"; do [[ "$f" == "$1" || "$f" == "$1="* ]] && return 0; done; return 1; }
+if ! have --profile; then args+=(--profile "${SGLPATCH_PROFILE:-rtx6000x8-kimi-k25}"); fi
+if ! have --report && [[ -n "${SGLPATCH_REGRESS_DIR:-}" ]]; then
+  args+=(--report "$SGLPATCH_REGRESS_DIR/$(date -u +%Y%m%d-%H%M%S)")
+fi
+if command -v sglpatch >/dev/null 2>&1; then
+  exec sglpatch regress "${args[@]}"
+fi
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+PYTHONPATH="$here/src${PYTHONPATH:+:$PYTHONPATH}" exec "${PYTHON:-python3}" -m sglpatch.regress "${args[@]}"

@@ -1,0 +1,304 @@
+"""P1 (0001-sm120-flashinfer-allreduce-fusion): the flashinfer allreduce+RMSNorm fusion on SM120
+only on explicit opt-in, with flashinfer >= 0.6.17 and P2P between all TP GPUs.
+
+Everything runs once, in one subprocess, against the patched tree: the real gate function,
+the real ServerArgs methods (auto-enable rule and the SM120 check) and the real
+``apply_flashinfer_allreduce_fusion``. Only what this CPU machine lacks is faked: the GPU
+probes (SM version, device name, the GPU P2P test), the installed flashinfer distribution
+(a ``flashinfer_python-X.dist-info`` on sys.path) and, if absent, the third-party
+``compressed_tensors``/``gguf`` packages that the model-config import chain pulls in.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+PATCH = Path(__file__).resolve().parents[2] / "patches" / "0001-sm120-flashinfer-allreduce-fusion.patch"
+FLOOR = "0.6.17"
+VERSIONS = [None, "0.6.3", "0.6.7.post3", "0.6.16", "0.6.16.post4", "0.6.17", "0.6.18", "0.7.4"]
+AUTO_ARCHS = ["KimiK25ForConditionalGeneration", "DeepseekV3ForCausalLM", "Qwen3MoeForCausalLM"]
+
+CODE = r"""
+import dataclasses, importlib.abc, importlib.machinery, importlib.util, inspect, json, logging
+import os, sys, tempfile, types
+
+# Third-party packages the model-config import chain needs; stubbed only when not installed.
+class _Any(type):
+    def __getattr__(cls, name):
+        return cls
+class _StubModule(types.ModuleType):
+    __path__ = []
+    def __getattr__(self, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return _Any(name, (), {})
+class _StubFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    NAMES = ("compressed_tensors", "gguf")
+    def find_spec(self, name, path, target=None):
+        if name.split(".")[0] in self.NAMES:
+            return importlib.machinery.ModuleSpec(name, self, is_package=True)
+    def create_module(self, spec):
+        return _StubModule(spec.name)
+    def exec_module(self, module):
+        pass
+sys.meta_path.append(_StubFinder())  # after the real finders: only for missing packages
+
+# A fake installed flashinfer-python distribution whose version the test picks.
+FI_DIR = tempfile.mkdtemp()
+sys.path.insert(0, FI_DIR)
+def install_flashinfer(version):
+    for d in os.listdir(FI_DIR):
+        import shutil; shutil.rmtree(os.path.join(FI_DIR, d))
+    if version is not None:
+        d = os.path.join(FI_DIR, f"flashinfer_python-{version}.dist-info")
+        os.makedirs(d)
+        with open(os.path.join(d, "METADATA"), "w") as f:
+            f.write(f"Metadata-Version: 2.1\nName: flashinfer-python\nVersion: {version}\n")
+    importlib.invalidate_caches()
+
+import sglang.srt.server_args as sa
+from sglang.srt.distributed.device_communicators import custom_all_reduce_utils as cu
+
+VERSIONS = __VERSIONS__
+ARCHS = __ARCHS__
+out = {"gate": {}, "auto": {}, "optin": {}, "runtime": {}}
+
+# 1. the pure gate, full matrix
+for sm in (8, 9, 10, 12):
+    for v in VERSIONS:
+        for req in (False, True):
+            for p2p in (False, True):
+                out["gate"][f"{sm}|{v}|{req}|{p2p}"] = sa.get_flashinfer_allreduce_fusion_blocker(sm, v, req, p2p)
+out["floor"] = sa.FLASHINFER_ALLREDUCE_FUSION_SM120_MIN_VERSION
+
+# 2. ServerArgs on a simulated GPU
+def fresh(**kw):
+    obj = sa.ServerArgs.__new__(sa.ServerArgs)
+    for f in dataclasses.fields(sa.ServerArgs):
+        if f.default is not dataclasses.MISSING:
+            setattr(obj, f.name, f.default)
+        elif f.default_factory is not dataclasses.MISSING:
+            setattr(obj, f.name, f.default_factory())
+        else:
+            setattr(obj, f.name, None)
+    obj.model_path = "dummy"
+    for k, v in kw.items():
+        setattr(obj, k, v)
+    return obj
+
+def simulate_gpu(sm):
+    sa.get_device_sm = lambda: sm
+    sa.is_sm90_supported = lambda: sm // 10 == 9
+    sa.is_sm100_supported = lambda: sm // 10 == 10
+    sa.is_sm120_supported = lambda: sm // 10 == 12
+    sa.is_blackwell_supported = lambda: sm // 10 in (10, 11, 12)
+    sa.get_device_name = lambda *a: "NVIDIA RTX PRO 6000 Blackwell Server Edition"
+
+class Capture(logging.Handler):
+    def __init__(self):
+        super().__init__(logging.WARNING)
+        self.records = []
+    def emit(self, record):
+        self.records.append(record.getMessage())
+cap = Capture()
+sa.logger.addHandler(cap)
+
+P2P = {"ok": True, "calls": []}
+def fake_p2p(src, tgt):  # stands in for the CUDA P2P probe
+    P2P["calls"].append([src, tgt])
+    return P2P["ok"]
+cu.gpu_p2p_access_check = fake_p2p
+
+def post_init_fusion_steps(obj):
+    # the two steps of __post_init__ that decide the flag, in __post_init__'s order
+    obj._handle_model_specific_adjustments()
+    obj._handle_flashinfer_allreduce_fusion()
+
+install_flashinfer("0.6.17")
+for sm in (90, 100, 120):
+    simulate_gpu(sm)
+    for arch in ARCHS:
+        o = fresh(tp_size=8)
+        o.get_model_config = lambda arch=arch: types.SimpleNamespace(
+            hf_config=types.SimpleNamespace(architectures=[arch])
+        )
+        post_init_fusion_steps(o)
+        out["auto"][f"{sm}|{arch}"] = o.enable_flashinfer_allreduce_fusion
+
+simulate_gpu(120)
+for v in VERSIONS:
+    install_flashinfer(v)
+    for p2p in (False, True):
+        for nnodes in (1, 2):
+            P2P["ok"], P2P["calls"] = p2p, []
+            cap.records.clear()
+            o = fresh(tp_size=8, nnodes=nnodes, enable_flashinfer_allreduce_fusion=True)
+            o._handle_flashinfer_allreduce_fusion()
+            out["optin"][f"{v}|{p2p}|{nnodes}"] = {
+                "enabled": o.enable_flashinfer_allreduce_fusion,
+                "warnings": list(cap.records),
+                "p2p_pairs": sorted(map(tuple, P2P["calls"])),
+            }
+# not requested on SM120: nothing probed, nothing logged
+install_flashinfer("0.6.17"); P2P["calls"] = []; cap.records.clear()
+o = fresh(tp_size=8)
+o._handle_flashinfer_allreduce_fusion()
+out["not_requested"] = {"enabled": o.enable_flashinfer_allreduce_fusion, "warnings": list(cap.records), "p2p_calls": len(P2P["calls"])}
+# SM90 with an old flashinfer and no P2P: upstream behaviour, the explicit flag stays
+simulate_gpu(90); install_flashinfer("0.6.3"); P2P["ok"] = False; P2P["calls"] = []; cap.records.clear()
+o = fresh(tp_size=8, enable_flashinfer_allreduce_fusion=True)
+o._handle_flashinfer_allreduce_fusion()
+out["sm90_explicit"] = {"enabled": o.enable_flashinfer_allreduce_fusion, "warnings": list(cap.records), "p2p_calls": len(P2P["calls"])}
+
+src = inspect.getsource(sa.ServerArgs.__post_init__)
+out["post_init_order"] = [
+    src.find("self._handle_model_specific_adjustments()"),
+    src.find("self._handle_flashinfer_allreduce_fusion()"),
+]
+
+# 3. the runtime check in communicator.py on a simulated SM120
+import sglang.srt.layers.communicator as comm
+comm._is_sm90_supported = False
+comm._is_sm100_supported = False
+comm._is_flashinfer_available = True
+for sm120 in (False, True):
+    comm._is_sm120_supported = sm120
+    for flag in (False, True):
+        sa.set_global_server_args_for_scheduler(fresh(enable_flashinfer_allreduce_fusion=flag))
+        for bs in (1, 3, 4096):
+            out["runtime"][f"{sm120}|{flag}|{bs}"] = comm.apply_flashinfer_allreduce_fusion(bs)
+print("RESULT" + json.dumps(out))
+"""
+
+
+@pytest.fixture(scope="module")
+def result(run_patched):
+    code = CODE.replace("__VERSIONS__", repr(VERSIONS)).replace("__ARCHS__", repr(AUTO_ARCHS))
+    proc = run_patched(code, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    line = next(l for l in proc.stdout.splitlines() if l.startswith("RESULT"))
+    return json.loads(line[len("RESULT") :])
+
+
+def _at_floor(v):
+    from packaging.version import Version
+
+    return v is not None and Version(v) >= Version(FLOOR)
+
+
+def test_floor_is_the_first_flashinfer_with_sm12x_comm(result):
+    assert result["floor"] == FLOOR
+
+
+@pytest.mark.parametrize("sm", [8, 9, 10, 12])
+def test_gate_full_matrix(result, sm):
+    for v in VERSIONS:
+        for req in (False, True):
+            for p2p in (False, True):
+                reason = result["gate"][f"{sm}|{v}|{req}|{p2p}"]
+                if not req:
+                    expected = False
+                elif sm in (9, 10):
+                    expected = True  # upstream behaviour: no version or P2P condition
+                elif sm == 12:
+                    expected = _at_floor(v) and p2p
+                else:
+                    expected = False
+                assert (reason is None) == expected, (sm, v, req, p2p, reason)
+
+
+def test_gate_reason_names_the_failed_condition(result):
+    g = result["gate"]
+    assert "enable-flashinfer-allreduce-fusion" in g["12|0.6.17|False|True"]
+    for v in ("None", "0.6.3", "0.6.16", "0.6.16.post4"):
+        reason = g[f"12|{v}|True|True"]
+        assert FLOOR in reason and "flashinfer" in reason, reason
+        assert "P2P" not in reason
+    assert "P2P" in g["12|0.6.17|True|False"]
+    assert "SM8" in g["8|0.6.17|True|True"]
+
+
+def test_never_auto_enabled_on_sm120(result):
+    for arch in AUTO_ARCHS:
+        assert result["auto"][f"120|{arch}"] is False, arch
+
+
+def test_auto_enable_unchanged_on_sm90_sm100(result):
+    for sm in (90, 100):
+        for arch in AUTO_ARCHS:
+            assert result["auto"][f"{sm}|{arch}"] is True, (sm, arch)
+
+
+def test_gate_runs_after_the_auto_enable(result):
+    model_step, fusion_step = result["post_init_order"]
+    assert 0 <= model_step < fusion_step
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_sm120_opt_in_matrix_through_server_args(result, version):
+    for p2p in (False, True):
+        for nnodes in (1, 2):
+            r = result["optin"][f"{version}|{p2p}|{nnodes}"]
+            expected = _at_floor(version) and p2p and nnodes == 1
+            assert r["enabled"] is expected, (version, p2p, nnodes, r)
+            # exactly one warning when refused, none when accepted
+            assert len(r["warnings"]) == (0 if expected else 1), r["warnings"]
+            if not expected:
+                w = r["warnings"][0]
+                assert "unfused" in w and FLOOR in w
+                if not _at_floor(version):
+                    assert f"installed: {version or 'not installed'}" in w
+                else:
+                    assert "P2P" in w
+
+
+def test_sm120_p2p_probe_covers_every_pair_of_tp_gpus(result):
+    pairs = result["optin"]["0.6.17|True|1"]["p2p_pairs"]
+    assert sorted(map(tuple, pairs)) == sorted((i, j) for i in range(8) for j in range(8) if i != j)
+    # multi-node TP has no P2P between all ranks: refused without probing
+    assert result["optin"]["0.6.17|True|2"]["p2p_pairs"] == []
+
+
+def test_not_requested_is_silent(result):
+    r = result["not_requested"]
+    assert r == {"enabled": False, "warnings": [], "p2p_calls": 0}
+
+
+def test_sm90_explicit_flag_keeps_upstream_behaviour(result):
+    r = result["sm90_explicit"]
+    assert r == {"enabled": True, "warnings": [], "p2p_calls": 0}
+
+
+def test_runtime_check_accepts_sm120_only_with_the_flag(result):
+    rt = result["runtime"]
+    for bs in (1, 3):
+        assert rt[f"True|True|{bs}"] is True
+        assert rt[f"True|False|{bs}"] is False
+        assert rt[f"False|True|{bs}"] is False
+    assert rt["True|True|4096"] is False  # FUSE_ALLREDUCE_MAX_BATCH_SIZE still applies
+
+
+def _touched_files(patch: Path) -> list[str]:
+    return sorted(set(re.findall(r"^\+\+\+ b/(\S+)", patch.read_text(), flags=re.M)))
+
+
+@pytest.mark.parametrize("tool", ["black", "isort"])
+def test_touched_files_pass_upstream_formatters(patched_tree, tool):
+    files = _touched_files(PATCH)
+    assert files == ["python/sglang/srt/layers/communicator.py", "python/sglang/srt/server_args.py"]
+    mod = pytest.importorskip(tool)
+    args = ["--check", "--diff"] if tool == "black" else ["--profile", "black", "--check-only", "--diff"]
+    rel = [f.removeprefix("python/") for f in files]
+    proc = subprocess.run(
+        [sys.executable, "-m", tool, *args, *rel], cwd=patched_tree / "python", capture_output=True, text=True
+    )
+    assert proc.returncode == 0, f"{tool} {getattr(mod, '__version__', '')} would change:\n" + textwrap.shorten(
+        proc.stdout + proc.stderr, 4000
+    )

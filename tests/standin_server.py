@@ -1,0 +1,181 @@
+"""A small real HTTP server standing in for `python -m sglang.launch_server` in tests.
+
+Endpoints like SGLang's: GET /health (200 once "loaded", 503 before), POST /generate
+(non-streaming JSON, or `"stream": true` server-sent events ending in `data: [DONE]`,
+with meta_info.completion_tokens and, when speculating, spec_verify_ct), GET
+/get_server_info (internal_states[0].avg_spec_accept_length).
+
+Modes (--mode):
+  fast   healthy at once
+  slow   loads for --load-s seconds printing harmless warnings that contain the word
+         "Exception" and even a top-level Traceback of an optional import, then healthy
+  crash  prints a Traceback after --load-s and exits 1 (like a failed weight load)
+  oom    prints "torch.OutOfMemoryError: CUDA out of memory" and stays alive, never healthy
+  hang   stays alive, never healthy
+
+At start it spawns a child in its own process group and, from that child, a grandchild
+that leaves the session (setsid) and ignores SIGTERM, like a stubborn worker; their PIDs
+go to --pid-file as JSON so a test can prove that the orchestrator ended them all.
+With SGLANG_VERIFY_PROFILE=1 and SGLANG_VERIFY_PROFILE_FILE set and --accept-length > 1
+it appends P4-style JSON lines per request.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+LOADED = threading.Event()
+ARGS = None
+
+GRANDCHILD = (
+    "import signal, time, os\n"
+    "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+    "while True: time.sleep(1)\n"
+)
+CHILD = (
+    "import subprocess, sys, time, json, os\n"
+    "g = subprocess.Popen([sys.executable, '-c', sys.argv[1]], start_new_session=True)\n"
+    "open(sys.argv[2], 'w').write(json.dumps({'child': os.getpid(), 'grandchild': g.pid}))\n"
+    "while True: time.sleep(1)\n"
+)
+
+
+def log(msg: str) -> None:
+    print(msg, flush=True)
+
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, fmt, *a):  # keep the log to what the server itself says
+        pass
+
+    def _json(self, code: int, obj) -> None:
+        data = json.dumps(obj).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self):
+        if self.path == "/health":
+            self._json(200 if LOADED.is_set() else 503, {})
+        elif self.path == "/get_server_info":
+            st = {"avg_spec_accept_length": ARGS.accept_length} if ARGS.accept_length > 1 else {}
+            self._json(200, {"internal_states": [st], "version": "standin"})
+        else:
+            self._json(404, {"error": self.path})
+
+    def do_POST(self):
+        if self.path != "/generate":
+            self._json(404, {"error": self.path})
+            return
+        n = int(self.headers.get("Content-Length", 0))
+        req = json.loads(self.rfile.read(n) or b"{}")
+        max_new = int(req.get("sampling_params", {}).get("max_new_tokens", 16))
+        spec = ARGS.accept_length > 1
+        step_tokens = max(1, int(round(ARGS.accept_length))) if spec else 1
+        step_s = step_tokens / ARGS.tok_s
+        t0 = time.perf_counter()
+        time.sleep(ARGS.ttft_s)
+        produced, verify_ct = 0, 0
+        chunks = []
+        while produced < max_new:
+            time.sleep(step_s)
+            produced = min(max_new, produced + step_tokens)
+            verify_ct += 1 if spec else 0
+            meta = {"completion_tokens": produced, "prompt_tokens": 8, "e2e_latency": time.perf_counter() - t0}
+            if spec:
+                meta["spec_verify_ct"] = verify_ct
+            chunks.append({"text": "x" * produced, "meta_info": meta})
+            if req.get("stream"):
+                if len(chunks) == 1:
+                    self.send_response(200)
+                    self.send_header("Content-Type", "text/event-stream")
+                    self.send_header("Connection", "close")
+                    self.end_headers()
+                self.wfile.write(b"data: " + json.dumps(chunks[-1]).encode() + b"\n\n")
+                self.wfile.flush()
+        self._write_profile(verify_ct, time.perf_counter() - t0, produced)
+        if req.get("stream"):
+            self.wfile.write(b"data: [DONE]\n\n")
+            self.wfile.flush()
+            self.close_connection = True
+        else:
+            self._json(200, chunks[-1])
+
+    def _write_profile(self, verify_ct: int, dt: float, produced: int) -> None:
+        path = os.environ.get("SGLANG_VERIFY_PROFILE_FILE")
+        if os.environ.get("SGLANG_VERIFY_PROFILE") != "1" or not path or not verify_ct:
+            return
+        cycle = dt * 1000 / verify_ct
+        rec = {"draft_ms": {"median": 2.0, "p90": 2.5}, "verify_ms": {"median": cycle - 3.0, "p90": cycle},
+               "extend_ms": {"median": 1.0, "p90": 1.2}, "cycle_ms": {"median": cycle, "p90": cycle * 1.1},
+               "accept_length": produced / verify_ct, "tok_s": produced / dt,
+               "break_even_accept_length": 2.46}
+        with open(path, "a") as f:
+            f.write(json.dumps(rec) + "\n")
+
+
+def main() -> int:
+    global ARGS
+    p = argparse.ArgumentParser()
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, required=True)
+    p.add_argument("--mode", choices=["fast", "slow", "crash", "oom", "hang"], default="fast")
+    p.add_argument("--load-s", type=float, default=1.0)
+    p.add_argument("--tok-s", type=float, default=400.0)
+    p.add_argument("--ttft-s", type=float, default=0.01)
+    p.add_argument("--accept-length", type=float, default=1.0)
+    p.add_argument("--pid-file")
+    ARGS, _extra = p.parse_known_args()  # accept SGLang-style flags we do not use
+
+    log(f"standin server pid {os.getpid()} mode {ARGS.mode} args {sys.argv[1:]}")
+    if ARGS.pid_file:
+        subprocess.Popen([sys.executable, "-c", CHILD, GRANDCHILD, ARGS.pid_file])
+    srv = ThreadingHTTPServer((ARGS.host, ARGS.port), Handler)
+    srv.daemon_threads = True
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+
+    if ARGS.mode == "fast":
+        LOADED.set()
+    elif ARGS.mode == "slow":
+        t_end = time.time() + ARGS.load_s
+        i = 0
+        log("Traceback (most recent call last):")
+        log('  File "vllm_compat.py", line 3, in <module>')
+        log("ImportError: optional kernel package missing; falling back (harmless)")
+        while time.time() < t_end:
+            log(f"UserWarning: Exception ignored in weight loader hook {i} (harmless); loading shard {i}")
+            log(f"WARNING  ... TypedStorage is deprecated. Exception: none, loading {i}")
+            i += 1
+            time.sleep(0.1)
+        LOADED.set()
+        log("The server is fired up and ready to roll!")
+    elif ARGS.mode == "crash":
+        time.sleep(ARGS.load_s)
+        log("Traceback (most recent call last):")
+        log('  File "/root/sglang/python/sglang/srt/model_loader/loader.py", line 42, in load_weights')
+        log("    raise ValueError(msg)")
+        log("ValueError: weight shape mismatch for model.layers.3.mlp.experts.w13_weight")
+        return 1
+    elif ARGS.mode == "oom":
+        time.sleep(ARGS.load_s)
+        log("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB")
+    # serve until killed
+    signal.signal(signal.SIGTERM, lambda *a: os._exit(0))
+    while True:
+        time.sleep(1)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
