@@ -187,8 +187,8 @@ def _add_regress(sub) -> None:
     p = sub.add_parser(
         "regress",
         help="GPU regression suite: tiers cpu, kernel, server; writes report.json + report.md",
-        description="Exit 0: every tier that ran passed; 1: a regression; 125: the tier cannot run here "
-        "(no GPUs), so `git bisect run` skips.",
+        description="Exit 0: every tier that ran passed; 1: a regression; 2: a usage error; 125: the tier "
+        "cannot run here (no GPUs), so `git bisect run` skips.",
     )
     p.add_argument("--tier", choices=["cpu", "kernel", "server", "all"], default="all")
     p.add_argument("--profile", help="targets/NAME.toml, or NAME of a file in targets/ (e.g. rtx6000x8-kimi-k25)")
@@ -265,7 +265,57 @@ def _add_bisect(sub) -> None:
 
 
 def _add_rebase(sub) -> None:
-    pass
+    p = sub.add_parser(
+        "rebase",
+        help="move the series onto a new upstream release (classify, 3-way, resumable, recorded resolutions)",
+        description="Exit codes: 0 done / every patch applies exactly (dry run); 2 (dry run) work that the rebase "
+        "does unattended; 3 a human is needed (a conflict without a recorded resolution; a real rebase stops "
+        "resumably); 1 an error.",
+    )
+    _add_workdir(p)
+    p.add_argument("--onto", metavar="VERSION|TAG|COMMIT", help="target release: 0.5.10.post1, v0.5.10.post1, or a tagged commit (git)")
+    p.add_argument("--source", choices=["git", "sdist"], default="sdist", help="where the new upstream tree comes from")
+    p.add_argument("--upstream-url", help="override upstream.url (a mirror); https, ssh or file URLs only")
+    p.add_argument("--commit", help="the target's commit id when neither the sdist, a recorded pin nor the network says it")
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--dry-run", action="store_true", help="upstream watch: classify every patch, change nothing")
+    mode.add_argument("--continue", dest="cont", action="store_true", help="go on after resolving a conflict in the workdir")
+    mode.add_argument("--skip", action="store_true", help="drop the patch the rebase stopped at (recorded as a decision)")
+    mode.add_argument("--abort", action="store_true", help="put the workdir and the project files back exactly as before")
+
+    def run(args) -> int:
+        from sglpatch import rebase
+
+        try:
+            return go(args, rebase)
+        except rebase.RebaseStopped as e:
+            print(str(e))
+            return e.exit_code
+
+    def go(args, rebase) -> int:
+        if args.cont or args.skip or args.abort:
+            if args.onto:
+                raise SglpatchError("--onto goes with a new rebase, not with --continue/--skip/--abort")
+            if args.abort:
+                lines = rebase.abort(_workdir(args))
+            else:
+                lines = rebase.continue_(_workdir(args), skip=args.skip)
+            print("\n".join(lines))
+            return 0
+        if not args.onto:
+            raise SglpatchError("--onto VERSION|TAG|COMMIT is required (or --continue / --skip / --abort)")
+        project = _project(args)
+        if args.dry_run:
+            wd = _workdir(args)
+            res = rebase.dry_run(project, wd if wd.exists() else None, args.onto, source=args.source,
+                                 commit=args.commit, url=args.upstream_url)
+            print("\n".join(res.lines))
+            return res.exit_code
+        lines = rebase.start(project, _workdir(args), args.onto, source=args.source, commit=args.commit, url=args.upstream_url)
+        print("\n".join(lines))
+        return 0
+
+    p.set_defaults(func=run)
 
 
 def main(argv: list[str] | None = None) -> int:
