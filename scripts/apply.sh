@@ -45,9 +45,18 @@ fi
 "$PY" -m sglpatch.cli apply --project "$HERE" --workdir "$WORKDIR" --source "$SOURCE" --python "$PY" ${EXTRA[@]+"${EXTRA[@]}"}
 
 if [ "$WITH_FLASHINFER" = 1 ]; then
-  # P1 needs a flashinfer with SM12x allreduce support; see docs/p1-flashinfer-sm120.md.
-  FI_SPEC="$(sed -n 's/^FLASHINFER_SM120_SPEC=//p' "$HERE/docs/p1-flashinfer-sm120.md" | head -1)"
-  FI_SPEC="${FI_SPEC:-flashinfer-python>=0.6.17}"
-  echo "apply.sh: installing $FI_SPEC for P1 (opt-in SM120 allreduce fusion)" >&2
-  pip_install "$FI_SPEC"
+  # P1 (opt-in SM120 allreduce fusion) needs flashinfer >= 0.6.17; docs/p1-flashinfer-sm120.md
+  # says why and what was (statically) checked. Not a drop-in: 0.6.17 refuses to import beside
+  # flashinfer-cubin 0.6.3, and its SM12x JIT needs nvcc >= 12.9 at server run time.
+  echo "apply.sh: installing flashinfer-python==0.6.17 for P1 (rollback: flashinfer-python==0.6.3 flashinfer-cubin==0.6.3)" >&2
+  pip_install "flashinfer-python==0.6.17"
+  for pkg in flashinfer-cubin flashinfer-jit-cache; do
+    if "$PY" -m pip show "$pkg" >/dev/null 2>&1 || { [ -n "$UV" ] && "$UV" pip show --python "$PY" "$pkg" >/dev/null 2>&1; }; then
+      echo "apply.sh: removing $pkg (its version must match flashinfer-python; on-demand cubins are used instead)" >&2
+      if [ -n "$UV" ]; then "$UV" pip uninstall --python "$PY" "$pkg"; else "$PY" -m pip uninstall -y "$pkg"; fi
+    fi
+  done
+  "$PY" -c "import flashinfer; print('apply.sh: flashinfer', flashinfer.__version__)" \
+    || echo "apply.sh: warning: flashinfer does not import; roll back with the command above" >&2
+  echo "apply.sh: launch the server with CUDA_HOME pointing at CUDA >= 12.9 and --enable-flashinfer-allreduce-fusion" >&2
 fi

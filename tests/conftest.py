@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -29,7 +30,7 @@ except ImportError:  # pragma: no cover
     stack = upstream = Lock = read_lock = None
 
 SDIST_0510_SHA256 = "01f7adfe7cde85b238fb0e1bae4b31d494e19d1471cf35ff3c5489a02f9d2263"
-PROJECT_FILES = ("series", "upstream.lock", "patches")
+PROJECT_FILES = ("series", "upstream.lock", "patches", "resolutions", "CHANGELOG.md")
 
 
 @pytest.fixture(scope="session")
@@ -78,6 +79,9 @@ def sdist_0510() -> Path:
 
 @pytest.fixture(scope="session")
 def patched_tree(tmp_path_factory) -> Path:
+    given = os.environ.get("SGLPATCH_PATCHED_TREE")
+    if given:  # e.g. the rebase test re-running the patch tests on the rebased tree
+        return Path(given)
     installed = os.environ.get("SGLPATCH_PATCHED_PYTHON")
     if installed:  # the installed editable tree: <workdir>/python/sglang/__init__.py
         out = subprocess.run([installed, "-c", "import sglang; print(sglang.__file__)"], capture_output=True, text=True)
@@ -114,7 +118,9 @@ def patched_python(tmp_path_factory, request) -> Path:
         "-e",
         str(patched_tree / "python"),
     ]
-    env = dict(os.environ, SETUPTOOLS_SCM_PRETEND_VERSION="0.5.9")
+    version_py = (patched_tree / "python" / "sglang" / "_version.py").read_text()
+    version = re.search(r"__version__ = version = '([^']+)'", version_py).group(1)
+    env = dict(os.environ, SETUPTOOLS_SCM_PRETEND_VERSION=version)
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     # the build rewrites _version.py; keep the tree as apply left it

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import os
 import sys
 from pathlib import Path
@@ -48,28 +49,38 @@ def _project(args) -> Path:
 
 
 def _cmd_apply(args) -> int:
-    project, workdir = _project(args), _workdir(args)
-    source = args.source
-    if source == "auto":
-        lock = read_lock(project)
-        ok, why = upstream.source_reachable(args.upstream_url or lock.url, lock.tag, timeout=args.probe_timeout)
-        source = "git" if ok else "sdist"
-        print(f"sglpatch: source: {source} ({why})", file=sys.stderr)
-    result = stack.apply(project, workdir, source=source, force=args.force, python=args.python, url=args.upstream_url)
-    print(result.message)
-    if not args.no_install:
-        print(install.install(workdir, python=args.python, installer=args.installer, version=read_lock(project).version))
-        py = args.python or sys.executable
-        have = install.installed_sglang(py)
-        if have:
-            print(f"{py} imports sglang {have[1]} from {have[0]}")
-        else:
-            print(f"warning: {py} cannot import sglang yet (its dependencies may be missing)")
-    return 0
+    try:
+        project, workdir = _project(args), _workdir(args)
+        if args.upstream_url:
+            upstream.validate_url(args.upstream_url)
+        source = args.source
+        if source == "auto":
+            lock = read_lock(project)
+            ok, why = upstream.source_reachable(args.upstream_url or lock.url, lock.tag, timeout=args.probe_timeout)
+            source = "git" if ok else "sdist"
+            print(f"sglpatch: source: {source} ({why})", file=sys.stderr)
+        result = stack.apply(project, workdir, source=source, force=args.force, python=args.python, url=args.upstream_url)
+        print(result.message)
+        if not args.no_install:
+            print(install.install(workdir, python=args.python, installer=args.installer, version=read_lock(project).version))
+            py = args.python or sys.executable
+            have = install.installed_sglang(py)
+            if have:
+                print(f"{py} imports sglang {have[1]} from {have[0]}")
+            else:
+                print(f"warning: {py} cannot import sglang yet (its dependencies may be missing)")
+        return 0
+    except OSError as e:  # a full disk, a permission: one line, not a traceback
+        hint = "free space and re-run" if e.errno == errno.ENOSPC else "fix that and re-run"
+        raise SglpatchError(f"{e.strerror or e}" + (f" ({e.filename})" if e.filename else "") + f"; {hint}") from None
 
 
 def _cmd_export(args) -> int:
-    res = stack.export(_project(args), _workdir(args))
+    try:
+        res = stack.export(_project(args), _workdir(args))
+    except OSError as e:  # a full disk, a permission: one line, not a traceback
+        hint = "free space and re-run" if e.errno == errno.ENOSPC else "fix that and re-run"
+        raise SglpatchError(f"{e.strerror or e}" + (f" ({e.filename})" if e.filename else "") + f"; {hint}") from None
     total = len(res.written) + len(res.unchanged)
     print(
         f"exported {total} patches: {len(res.written)} written, {len(res.unchanged)} unchanged, "

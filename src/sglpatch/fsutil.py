@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
+import signal
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
@@ -59,3 +60,10 @@ def exclusive(lockfile: Path, what: str):
         yield
     finally:
         os.close(fd)
+
+
+def crashpoint(step: str) -> None:
+    """Fault-injection hook for the failure-mode tests: ``SGLPATCH_CRASH_AT=step`` makes the
+    process SIGKILL itself here, the way an OOM kill or a power cut would stop it."""
+    if os.environ.get("SGLPATCH_CRASH_AT") == step:
+        os.kill(os.getpid(), signal.SIGKILL)

@@ -54,7 +54,7 @@ _FIXED_CONFIG = [
 
 _SHA_RE = re.compile(r"^[0-9a-f]{7,40}$")
 _REF_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._/+@^~-]*$")
-_SCP_RE = re.compile(r"^[A-Za-z0-9._-]+@[A-Za-z0-9.-]+:[A-Za-z0-9._/~-]+$")
+_SCP_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]*@[A-Za-z0-9][A-Za-z0-9.-]*:[A-Za-z0-9._/~-]+$")
 
 
 class GitError(SglpatchError):
@@ -90,6 +90,10 @@ def validate_url(url: str) -> str:
         raise SglpatchError(f"invalid upstream url {url!r}: transport helpers (ext::, fd::) are not allowed")
     lowered = url.lower()
     if lowered.startswith(("https://", "ssh://", "file://")):
+        # ssh://-oProxyCommand=... style: a host or user that ssh would read as an option
+        authority = url.split("://", 1)[1].split("/", 1)[0]
+        if any(part.startswith("-") for part in re.split(r"[@:\[]", authority)):
+            raise SglpatchError(f"invalid upstream url {url!r}: host or user must not start with '-'")
         return url
     if _SCP_RE.match(url):
         return url

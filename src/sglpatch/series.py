@@ -160,7 +160,10 @@ def parse_patch(name: str, data: bytes, strip: int = 1) -> PatchFile:
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:
         raise SeriesError(f"patch {name} is not UTF-8 (byte {e.start}); re-export it with `sglpatch export`") from None
-    if "\r\n" in text:
+    # A mail header with CRLF means the whole file was converted (mail client, editor); CRLF
+    # inside hunks is legitimate (upstream has CRLF files) and goes to git apply untouched.
+    head_end = min((i for i in (text.find("\ndiff --git "), text.find("\n--- ")) if i >= 0), default=len(text))
+    if "\r\n" in text[:head_end]:
         raise SeriesError(f"patch {name} has CRLF line endings; convert it to LF (dos2unix) and re-run")
     lines = text.split("\n")
     # header: until the first 'diff --git' / '---' separator
@@ -186,7 +189,10 @@ def parse_patch(name: str, data: bytes, strip: int = 1) -> PatchFile:
             if line == "---":
                 # rest up to the diff is the diffstat
                 j = i + 1
-                while j < len(lines) and not lines[j].startswith("diff --git "):
+                while j < len(lines) and not (
+                    lines[j].startswith("diff --git ")
+                    or (lines[j].startswith("--- ") and j + 1 < len(lines) and lines[j + 1].startswith("+++ "))
+                ):
                     j += 1
                 diff_start = j if j < len(lines) else None
                 break
@@ -239,13 +245,12 @@ def _touched_paths(name: str, diff_lines: list[str], strip: int) -> list[str]:
     for line in diff_lines:
         if line.startswith("--- ") or line.startswith("+++ "):
             add(line[4:], True)
-        elif line.startswith(("rename from ", "copy from ")):
+        elif line.startswith(("rename from ", "copy from ", "rename to ", "copy to ")):
             p = _unquote_git_path(line.split(" ", 2)[2])
-            safe_relpath(p, "path")
-            paths.append(p) if p not in paths else None
-        elif line.startswith(("rename to ", "copy to ")):
-            p = _unquote_git_path(line.split(" ", 2)[2])
-            safe_relpath(p, "path")
+            try:
+                safe_relpath(p, "path")
+            except SglpatchError as e:
+                raise SeriesError(f"patch {name}: {e}") from None
             paths.append(p) if p not in paths else None
         elif line.startswith("diff --git "):
             m = re.match(r'^diff --git ("?a/.*"?) ("?b/.*"?)$', line)

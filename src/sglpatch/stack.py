@@ -112,7 +112,7 @@ def find_project(start: Path | None = None) -> Path:
 def open_workdir(workdir: Path, create: bool) -> Git:
     workdir = Path(workdir).expanduser()
     if workdir.exists() and not workdir.is_dir():
-        raise SglpatchError(f"{workdir} exists and is not a directory")
+        raise SglpatchError(f"{workdir} exists and is not a directory; choose another --workdir")
     if not workdir.exists() or (workdir.is_dir() and not any(workdir.iterdir())):
         if not create:
             raise SglpatchError(f"{workdir} is not set up yet; run `sglpatch apply --workdir {workdir}` first")
@@ -491,8 +491,9 @@ def export(project_root: Path, workdir: Path) -> ExportResult:
         orphan_comments = [c for e in series.entries if e.name not in used for c in e.comments]
         if orphan_comments:
             new_series.trailer = orphan_comments + new_series.trailer
-        series_changed = write_if_changed(project_root / SERIES_NAME, new_series.dumps().encode())
-        crashpoint("export:series")
+        # dropped patches go before the series is rewritten: a kill in between leaves the old
+        # series naming a missing file, which the next export repairs (the other order would
+        # leave an orphan that no series names)
         removed = []
         for e in series.entries:
             if e.name not in used:
@@ -501,6 +502,8 @@ def export(project_root: Path, workdir: Path) -> ExportResult:
                     p.unlink()
                     removed.append(e.name)
         crashpoint("export:removed")
+        series_changed = write_if_changed(project_root / SERIES_NAME, new_series.dumps().encode())
+        crashpoint("export:series")
         # the workdir now matches the series again
         project = Project.load(project_root)
         _record(git, project.digest(base), head)

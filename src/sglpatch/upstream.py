@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 from sglpatch.errors import SglpatchError
+from sglpatch.fsutil import crashpoint
 from sglpatch.gitcmd import FIXED_DATE, Git, validate_ref, validate_url
 from sglpatch.lock import Lock, LockError, sha256_file
 
@@ -51,12 +52,14 @@ def fetch_sdist(lock: Lock, python: str | None = None) -> Path:
     cdir = cache_dir() / "sdist"
     cdir.mkdir(parents=True, exist_ok=True)
     target = cdir / lock.sdist_filename
+    cached_digest = None
     if target.exists():
-        if sha256_file(target) == lock.sdist_sha256:
+        cached_digest = sha256_file(target)
+        if cached_digest == lock.sdist_sha256:
             return target
-        bad = target.with_suffix(target.suffix + f".bad-{int(time.time())}")
-        target.rename(bad)
-        say(f"cached {target.name} did not match sdist.sha256; moved it to {bad.name} and downloading again")
+        # Either the cache is damaged or the lock is wrong: download again to tell which, and
+        # replace the cached file only by a download that matches the lock.
+        say(f"cached {target.name} does not match sdist.sha256 (it has {cached_digest}); downloading again to check")
     say(f"downloading {lock.sdist_filename} with pip (your pip configuration applies)")
     with tempfile.TemporaryDirectory(prefix="sglpatch-dl-", dir=str(cdir)) as tmp:
         cmd = [
@@ -75,6 +78,12 @@ def fetch_sdist(lock: Lock, python: str | None = None) -> Path:
         proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         if proc.returncode != 0:
             last = [line for line in proc.stdout.strip().splitlines() if line.strip()]
+            if cached_digest is not None:
+                raise LockError(
+                    f"upstream.lock: field sdist.sha256 does not match the cached {target} ({cached_digest}) and a new "
+                    f"download failed ({last[-1].strip() if last else 'exit ' + str(proc.returncode)}); fix sdist.sha256 "
+                    "in upstream.lock, or restore the network and re-run"
+                )
             raise SglpatchError(
                 f"pip download of {lock.name}=={lock.version} failed ({last[-1] if last else 'exit ' + str(proc.returncode)}); "
                 "check the network / pip index and re-run"
@@ -84,7 +93,11 @@ def fetch_sdist(lock: Lock, python: str | None = None) -> Path:
             raise SglpatchError(f"pip download did not produce {lock.sdist_filename}; found {sorted(os.listdir(tmp))}")
         digest = sha256_file(got)
         if lock.sdist_sha256 and digest != lock.sdist_sha256:
-            raise LockError(f"upstream.lock: field sdist.sha256 does not match the downloaded {lock.sdist_filename} (got {digest})")
+            same = " (the same as the cached copy, so upstream.lock is what is wrong)" if digest == cached_digest else ""
+            raise LockError(
+                f"upstream.lock: field sdist.sha256 does not match the downloaded {lock.sdist_filename} (got {digest}){same}; "
+                "check the lock and your pip index, then re-run"
+            )
         os.replace(got, target)
     return target
 
@@ -127,8 +140,22 @@ def _safe_extract(tarball: Path, dest: Path) -> str:
     return commit
 
 
+SCRATCH = "sglpatch-tmp"
+
+
+def scratch_dir(git: Git) -> str | None:
+    """Where temporary files for this workdir go: inside its .git, so that a kill cannot leave
+    anything outside the workdir (stale ones are removed by the next apply, under its lock)."""
+    dotgit = git.workdir / ".git"
+    if not dotgit.is_dir():
+        return None
+    d = dotgit / SCRATCH
+    d.mkdir(exist_ok=True)
+    return str(d)
+
+
 def _commit_tree(git: Git, tree_root: Path, message: str) -> str:
-    with tempfile.TemporaryDirectory(prefix="sglpatch-idx-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="sglpatch-idx-", dir=scratch_dir(git)) as tmp:
         env = {"GIT_INDEX_FILE": str(Path(tmp) / "index")}
         git.run("--work-tree", str(tree_root), "add", "-A", "-f", ".", env=env)
         tree = git.run("write-tree", env=env)
@@ -142,12 +169,18 @@ def _commits_match(a: str, b: str) -> bool:
 
 def build_from_sdist(git: Git, lock: Lock, python: str | None = None) -> str:
     tarball = fetch_sdist(lock, python)
-    with tempfile.TemporaryDirectory(prefix="sglpatch-sdist-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="sglpatch-sdist-", dir=scratch_dir(git)) as tmp:
         root = Path(tmp)
         dest = root / lock.sdist_subdir
         dest.mkdir(parents=True)
         say(f"extracting {tarball.name} under {lock.sdist_subdir}/")
-        sdist_commit = _safe_extract(tarball, dest)
+        crashpoint("materialize:extract")
+        try:
+            sdist_commit = _safe_extract(tarball, dest)
+        except OSError as e:
+            raise SglpatchError(
+                f"cannot extract {tarball.name} into {git.workdir}: {e.strerror}; free space there and re-run"
+            ) from None
         if sdist_commit and not _commits_match(sdist_commit, lock.commit):
             raise LockError(
                 f"upstream.lock: field upstream.commit ({lock.commit}) does not match the sdist's _version.py commit ({sdist_commit})"
@@ -244,7 +277,9 @@ def materialize(
     else:
         commit = build_from_git(git, lock, url)
     verify_blobs(git, commit, lock, source)
+    crashpoint("materialize:built")
     git.update_ref(f"refs/heads/{branch}", commit, message=f"sglpatch: upstream {lock.describe()} from {source}")
+    crashpoint("materialize:ref")
     if source == "git":
         git.config_set(f"sglpatch.pin-{branch.replace('/', '-')}", f"{lock.pin_digest()} {commit}")
     say(f"upstream {lock.describe()} ready from {source} in {time.monotonic() - t0:.1f}s")
@@ -370,10 +405,27 @@ def target_lock(
         sdist_sha256=recorded.get("sdist_sha256", ""),
         sdist_subdir=current.sdist_subdir,
     )
-    tarball = fetch_sdist(lock, python)  # verifies a recorded sha256; otherwise trust on first use
     if not lock.sdist_sha256:
-        lock.sdist_sha256 = sha256_file(tarball)
-        say(f"sdist {lock.sdist_filename} sha256 {lock.sdist_sha256} (trust on first use: from the registry download)")
+        # trust on first use: the registry's file (or the copy a first download left in the cache)
+        cached = cache_dir() / "sdist" / lock.sdist_filename
+        if cached.is_file():
+            lock.sdist_sha256 = sha256_file(cached)
+        else:
+            with tempfile.TemporaryDirectory() as tmp:
+                proc = subprocess.run(
+                    [python or sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
+                     "--disable-pip-version-check", "-d", tmp, f"{lock.name}=={version}"],
+                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                )
+                got = Path(tmp) / lock.sdist_filename
+                if proc.returncode != 0 or not got.is_file():
+                    last = [line for line in proc.stdout.strip().splitlines() if line.strip()]
+                    raise SglpatchError(f"pip download of {lock.name}=={version} failed ({last[-1] if last else 'no file'})")
+                lock.sdist_sha256 = sha256_file(got)
+                cached.parent.mkdir(parents=True, exist_ok=True)
+                os.replace(got, cached)
+        say(f"sdist {lock.sdist_filename} sha256 {lock.sdist_sha256} (trust on first use; record it in resolutions/{version}/target.toml)")
+    tarball = fetch_sdist(lock, python)  # verifies the sha256
     in_sdist = sdist_commit(tarball)
     candidates = [("recorded target pin", recorded.get("commit")), ("--commit", commit), ("the sdist's _version.py", in_sdist)]
     chosen = next(((why, c) for why, c in candidates if c), None)

@@ -12,15 +12,9 @@ probes (SM version, device name, the GPU P2P test), the installed flashinfer dis
 from __future__ import annotations
 
 import json
-import re
-import subprocess
-import sys
-import textwrap
-from pathlib import Path
 
 import pytest
 
-PATCH = Path(__file__).resolve().parents[2] / "patches" / "0001-sm120-flashinfer-allreduce-fusion.patch"
 FLOOR = "0.6.17"
 VERSIONS = [None, "0.6.3", "0.6.7.post3", "0.6.16", "0.6.16.post4", "0.6.17", "0.6.18", "0.7.4"]
 AUTO_ARCHS = ["KimiK25ForConditionalGeneration", "DeepseekV3ForCausalLM", "Qwen3MoeForCausalLM"]
@@ -283,22 +277,3 @@ def test_runtime_check_accepts_sm120_only_with_the_flag(result):
         assert rt[f"True|False|{bs}"] is False
         assert rt[f"False|True|{bs}"] is False
     assert rt["True|True|4096"] is False  # FUSE_ALLREDUCE_MAX_BATCH_SIZE still applies
-
-
-def _touched_files(patch: Path) -> list[str]:
-    return sorted(set(re.findall(r"^\+\+\+ b/(\S+)", patch.read_text(), flags=re.M)))
-
-
-@pytest.mark.parametrize("tool", ["black", "isort"])
-def test_touched_files_pass_upstream_formatters(patched_tree, tool):
-    files = _touched_files(PATCH)
-    assert files == ["python/sglang/srt/layers/communicator.py", "python/sglang/srt/server_args.py"]
-    mod = pytest.importorskip(tool)
-    args = ["--check", "--diff"] if tool == "black" else ["--profile", "black", "--check-only", "--diff"]
-    rel = [f.removeprefix("python/") for f in files]
-    proc = subprocess.run(
-        [sys.executable, "-m", tool, *args, *rel], cwd=patched_tree / "python", capture_output=True, text=True
-    )
-    assert proc.returncode == 0, f"{tool} {getattr(mod, '__version__', '')} would change:\n" + textwrap.shorten(
-        proc.stdout + proc.stderr, 4000
-    )

@@ -11,15 +11,9 @@ probe, the same-node probe and the torch.distributed collectives of the process 
 from __future__ import annotations
 
 import json
-import re
-import subprocess
-import sys
-import textwrap
-from pathlib import Path
 
 import pytest
 
-PATCH = Path(__file__).resolve().parents[2] / "patches" / "0002-pcie-custom-allreduce.patch"
 CAP = 64 * 1024
 MAX_SIZE = 8192 * 1024  # CustomAllreduce._MAX_CAR_SIZE on CUDA
 HIDDEN = 7168  # Kimi-K2.5 hidden size; bf16 -> 14336 bytes per token
@@ -234,25 +228,3 @@ def test_warning_points_to_the_opt_in(result):
     w = result["warnings"]["None|None|8|False|True"]
     assert len(w) == 1 and "SGLANG_ENABLE_PCIE_CUSTOM_AR=1" in w[0]
     assert result["warnings"]["1|None|8|False|True"] == []
-
-
-def _touched_files(patch: Path) -> list[str]:
-    return sorted(set(re.findall(r"^\+\+\+ b/(\S+)", patch.read_text(), flags=re.M)))
-
-
-@pytest.mark.parametrize("tool", ["black", "isort"])
-def test_touched_files_pass_upstream_formatters(patched_tree, tool):
-    files = _touched_files(PATCH)
-    assert files == [
-        "python/sglang/srt/distributed/device_communicators/custom_all_reduce.py",
-        "python/sglang/srt/environ.py",
-    ]
-    mod = pytest.importorskip(tool)
-    args = ["--check", "--diff"] if tool == "black" else ["--profile", "black", "--check-only", "--diff"]
-    rel = [f.removeprefix("python/") for f in files]
-    proc = subprocess.run(
-        [sys.executable, "-m", tool, *args, *rel], cwd=patched_tree / "python", capture_output=True, text=True
-    )
-    assert proc.returncode == 0, f"{tool} {getattr(mod, '__version__', '')} would change:\n" + textwrap.shorten(
-        proc.stdout + proc.stderr, 4000
-    )
