@@ -26,10 +26,37 @@ def _touched_python_files() -> list[str]:
     return sorted(files)
 
 
-@pytest.mark.parametrize("tool, args", [("black", ["--check", "--diff"]), ("isort", ["--profile", "black", "--check-only", "--diff"])])
-def test_touched_files_pass_upstream_formatters(patched_tree, tool, args):
-    mod = pytest.importorskip(tool)
-    files = [f for f in _touched_python_files() if (patched_tree / f).is_file()]
+def _failing(tool: str, args: list[str], root: Path, files: list[str]) -> set[str]:
+    """Files the tool would change, run from python/ like upstream's pre-commit (so isort knows sglang is first-party)."""
+    bad = set()
+    for f in files:
+        proc = subprocess.run([sys.executable, "-m", tool, *args, f], cwd=root / "python", capture_output=True, text=True)
+        if proc.returncode != 0:
+            bad.add(f)
+    return bad
+
+
+@pytest.fixture(scope="module")
+def upstream_tree(patched_tree, tmp_path_factory) -> Path:
+    dest = tmp_path_factory.mktemp("upstream") / "tree"
+    subprocess.run(["git", "worktree", "add", "-q", "--detach", str(dest), "upstream"], cwd=patched_tree, check=True)
+    yield dest
+    subprocess.run(["git", "worktree", "remove", "--force", str(dest)], cwd=patched_tree, check=False)
+
+
+@pytest.mark.parametrize("tool, args", [("black", ["--check", "-q"]), ("isort", ["--profile", "black", "--check-only", "-q"])])
+def test_patches_keep_touched_files_formatter_clean(patched_tree, upstream_tree, tool, args):
+    """A touched file that upstream's formatters accept must still pass after the series.
+
+    (Upstream does not keep every file clean under these versions, e.g. 0.5.10.post1's
+    eagle_worker_v2.py under isort 5.13.2; such files are reported, not blamed on us.)
+    """
+    pytest.importorskip(tool)
+    files = [f.removeprefix("python/") for f in _touched_python_files() if (patched_tree / f).is_file()]
     assert files, "the series touches no Python file?"
-    proc = subprocess.run([sys.executable, "-m", tool, *args, *files], cwd=patched_tree, capture_output=True, text=True)
-    assert proc.returncode == 0, f"{tool} {getattr(mod, '__version__', '')} would change:\n{proc.stdout[-4000:]}{proc.stderr[-2000:]}"
+    new_files = [f for f in files if not (upstream_tree / "python" / f).is_file()]
+    upstream_bad = _failing(tool, args, upstream_tree, [f for f in files if f not in new_files])
+    if upstream_bad:
+        print(f"{tool}: upstream itself is not clean in {sorted(upstream_bad)}")
+    patched_bad = _failing(tool, args, patched_tree, [f for f in files if f not in upstream_bad])
+    assert not patched_bad, f"{tool} would reformat {sorted(patched_bad)} after the series (run `{tool}` on them in DIR/python)"
