@@ -431,6 +431,12 @@ class ExportResult:
     series_changed: bool
 
 
+def _taken(path: Path, data: bytes) -> bool:
+    """A file that is not in the series holds this name, and not with these very bytes (those
+    are ours, from an export that was stopped before it rewrote the series)."""
+    return path.exists() and not (path.is_file() and path.read_bytes() == data)
+
+
 def format_patch(git: Git, commit: str) -> bytes:
     return git.run("format-patch", *FORMAT_PATCH_FLAGS, "-1", commit, binary=True)
 
@@ -469,7 +475,7 @@ def export(project_root: Path, workdir: Path) -> ExportResult:
             if name is None:
                 name = f"{i + 1:04d}-{slug(subject)}.patch"
                 k = 2
-                while name in used or (name not in old_by_name and (project_root / PATCH_DIR / name).exists()):
+                while name in used or (name not in old_by_name and _taken(project_root / PATCH_DIR / name, data)):
                     name = f"{i + 1:04d}-{slug(subject)}-{k}.patch"
                     k += 1
             used.add(name)

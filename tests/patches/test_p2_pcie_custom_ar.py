@@ -20,7 +20,7 @@ HIDDEN = 7168  # Kimi-K2.5 hidden size; bf16 -> 14336 bytes per token
 SIZES = [16, 14336, 43008, 57344, CAP - 16, CAP, CAP + 16, 71680, 131072, 458752, MAX_SIZE, MAX_SIZE + 16]
 
 CODE = r"""
-import ctypes, json, logging, os, types
+import ctypes, json, logging, os, sys, types
 import torch
 import sglang.srt.distributed.device_communicators.custom_all_reduce as car
 from sglang.srt.environ import envs
@@ -101,12 +101,26 @@ car.in_the_same_node_as = lambda group, source_rank=0: [True] * car.dist.get_wor
 torch.cuda.device_count = lambda: 8
 os.environ.pop("CUDA_VISIBLE_DEVICES", None)
 
+# From 0.5.10 the NVLink/P2P gate lives in custom_all_reduce_utils (the rebased P2 is ported
+# there); give that module the same stand-ins so the test runs on either layout.
+caru = sys.modules.get("sglang.srt.distributed.device_communicators.custom_all_reduce_utils")
+if caru is not None and hasattr(caru, "can_use_custom_all_reduce_with_nvlink"):
+    caru.logger.addHandler(cap_log)
+    caru._is_hip = False
+    caru.in_the_same_node_as = car.in_the_same_node_as
+else:
+    caru = None
+
 def build(ws, nvlink, p2p, rank=1):
     ops = FakeOps()
     car.ops = ops
     car.dist = fake_dist(ws, rank)
     car.is_full_nvlink = lambda ids, world_size: nvlink
     car.gpu_p2p_access_check = lambda src, tgt: p2p
+    if caru is not None:
+        caru.dist = car.dist
+        caru.is_full_nvlink = car.is_full_nvlink
+        caru.gpu_p2p_access_check = car.gpu_p2p_access_check
     ca = car.CustomAllreduce(group=object(), device=torch.device("cpu", rank))
     return ca, ops
 

@@ -10,9 +10,16 @@ torch.nn.Module like the real one, and drives them with a stand-in language mode
 from __future__ import annotations
 
 import json
+import os
 import re
+from pathlib import Path
 
 import pytest
+
+from sglpatch.series import read_series
+
+PROJECT = Path(os.environ.get("SGLPATCH_PROJECT") or Path(__file__).resolve().parents[2])
+P3_IN_SERIES = "0003-kimi-k25-eagle3-delegation.patch" in read_series(PROJECT).names
 
 KIMI = "python/sglang/srt/models/kimi_k25.py"
 DEEPSEEK = "python/sglang/srt/models/deepseek_v2.py"
@@ -132,6 +139,8 @@ def test_same_names_and_parameters_as_upstream(result):
 def test_clear_attribute_error_when_language_model_lacks_it(result, name):
     msg = result["errors"][name]
     assert msg is not None, f"{name} must raise AttributeError on a language model without it"
+    if not P3_IN_SERIES:
+        pytest.skip("P3 left the series (upstream since v0.5.10, PR #19689): the message is upstream's")
     assert name in msg and "Linear" in msg  # names the missing method and the class
     assert "--speculative-algorithm" in msg  # says what to do
 
