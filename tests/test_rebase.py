@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, git, sglpatch
+from conftest import ROOT, copy_project, git, sglpatch
 from sglpatch import stack
 from sglpatch.series import read_series
 
@@ -280,14 +280,7 @@ real = pytest.mark.skipif(not REAL_SERIES, reason="the committed series does not
 
 
 def real_project(dest: Path) -> Path:
-    dest.mkdir(parents=True)
-    for name in ("series", "upstream.lock", "patches", "resolutions", "CHANGELOG.md"):
-        src = ROOT / name
-        if src.is_dir():
-            shutil.copytree(src, dest / name)
-        elif src.exists():
-            shutil.copy2(src, dest / name)
-    return dest
+    return copy_project(dest)
 
 
 def _row(out: str, needle: str) -> str:

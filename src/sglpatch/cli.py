@@ -13,6 +13,17 @@ from sglpatch.errors import SglpatchError
 from sglpatch.lock import read_lock
 
 
+def _positive(text: str) -> float:
+    """argparse type: a finite number > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not (value > 0 and value != float("inf")):
+        raise argparse.ArgumentTypeError(f"{text!r} must be a positive number")
+    return value
+
+
 def _add_workdir(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workdir", help="the fork's git workdir (default: $SGLANG_FORK_DIR or ~/sglang-fork)")
     p.add_argument("--project", help="project root holding series, patches/, upstream.lock (default: found from cwd)")
@@ -155,15 +166,6 @@ def _add_core(sub) -> None:
 
 
 def _add_profile_report(sub) -> None:
-    def positive(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-        if not (value > 0 and value != float("inf")):
-            raise argparse.ArgumentTypeError(f"{text!r} must be a positive number")
-        return value
-
     def run(args) -> int:
         from sglpatch import profile_report
 
@@ -179,14 +181,14 @@ def _add_profile_report(sub) -> None:
     p.add_argument("file", help="JSONL file written by the server (SGLANG_VERIFY_PROFILE_FILE)")
     p.add_argument(
         "--accept-length",
-        type=positive,
+        type=_positive,
         nargs="+",
         metavar="X",
         help="also predict tok/s at these accept lengths (tokens per cycle, bonus included)",
     )
     p.add_argument(
         "--baseline-step-ms",
-        type=positive,
+        type=_positive,
         metavar="MS",
         help="decode step without speculation, ms (default: the file's value, 12.2 = 82 tok/s)",
     )
@@ -227,15 +229,6 @@ def _add_regress(sub) -> None:
 
 
 def _add_bisect(sub) -> None:
-    def positive(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-        if not (value > 0 and value != float("inf")):
-            raise argparse.ArgumentTypeError(f"{text!r} must be a positive number of seconds")
-        return value
-
     p = sub.add_parser(
         "bisect",
         help="find the first bad patch with git bisect run (CMD: 0 good, 125 skip, other bad)",
@@ -247,7 +240,7 @@ def _add_bisect(sub) -> None:
     _add_workdir(p)
     p.add_argument("--good", default="upstream", help="a commit where CMD passes (default: upstream)")
     p.add_argument("--bad", default="patched", help="a commit where CMD fails (default: patched)")
-    p.add_argument("--timeout", type=positive, metavar="SEC", help="per-run limit; CMD's process group is killed past it")
+    p.add_argument("--timeout", type=_positive, metavar="SEC", help="per-run limit; CMD's process group is killed past it")
     p.add_argument(
         "--on-timeout", choices=["bad", "skip"], default="bad", help="what a run past --timeout counts as (default: bad, a hang is a regression)"
     )
