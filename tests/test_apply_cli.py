@@ -82,3 +82,11 @@ def test_apply_sh_runs_the_whole_flow(project_root, tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert "patched rebuilt" in proc.stdout or "up to date" in proc.stdout
     assert git(wd, "rev-parse", "--abbrev-ref", "HEAD") == "patched"
+
+
+def test_relative_workdir(project_copy, tmp_path):
+    proc = sglpatch("apply", "--project", str(project_copy), "--workdir", "fork", "--source", "sdist", "--no-install", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert git(tmp_path / "fork", "rev-parse", "--abbrev-ref", "HEAD") == "patched"
+    proc = sglpatch("export", "--project", str(project_copy), "--workdir", "fork", cwd=tmp_path)
+    assert proc.returncode == 0 and "0 written" in proc.stdout, proc.stdout + proc.stderr

@@ -31,7 +31,6 @@ import subprocess
 import sys
 import tarfile
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -1159,5 +1158,177 @@ def test_sigkill_from_outside_mid_apply(fresh):
     p.wait(timeout=60)
     assert p.returncode == -signal.SIGKILL
     ok(c.apply())
+    c.in_sync()
+    c.outside_clean()
+
+
+# --------------------------------------------------------------------------------------
+# SIGKILL at each step of a rebase onto 0.5.10.post1 (the real sdist), then the documented
+# recovery: before the rebase has saved its state, the same command again; after that,
+# `--continue` (the re-run says so in one line), or `--abort` (byte for byte)
+
+REBASE_TARGET = "0.5.10.post1"
+P3_UPSTREAM = "0003-kimi-k25-eagle3-delegation.patch"  # the real P3: upstream in 0.5.10.post1, dropped
+GATE = "python/sglang/srt/distributed/device_communicators/custom_all_reduce.py"
+
+
+@pytest.fixture(scope="session")
+def rb_golden(golden, tmp_path_factory, sdist_0510):
+    """The two-patch project plus P3 (so the rebase drops one), the target's recorded pin, a CHANGELOG."""
+    base = tmp_path_factory.mktemp("fm-rebase")
+    proj, wd = base / "project", base / "fork"
+    shutil.copytree(golden["project"], proj)
+    subprocess.run(["cp", "-a", str(golden["fork"]), str(wd)], check=True)
+    shutil.copy2(ROOT / "patches" / P3_UPSTREAM, proj / "patches" / P3_UPSTREAM)
+    with open(proj / "series", "a") as f:
+        f.write(P3_UPSTREAM + "\n")
+    (proj / "resolutions" / REBASE_TARGET).mkdir(parents=True)
+    shutil.copy2(ROOT / "resolutions" / REBASE_TARGET / "target.toml", proj / "resolutions" / REBASE_TARGET / "target.toml")
+    (proj / "CHANGELOG.md").write_text("# Changelog\n\n## 0.1.0\n- started\n")
+    stack.apply(proj, wd, source="sdist")
+    stack.update_blobs(proj, wd)
+    assert stack.apply(proj, wd, source="sdist").changed is False
+    return dict(golden, project=proj, fork=wd)
+
+
+@pytest.fixture(scope="session")
+def rb_conflict(rb_golden, tmp_path_factory):
+    """rb_golden plus a patch on the NVLink gate that 0.5.10.post1 moved: a conflict, no recorded resolution."""
+    base = tmp_path_factory.mktemp("fm-rebase-conflict")
+    proj, wd = base / "project", base / "fork"
+    shutil.copytree(rb_golden["project"], proj)
+    subprocess.run(["cp", "-a", str(rb_golden["fork"]), str(wd)], check=True)
+    f = wd / GATE
+    f.write_text(f.read_text().replace(
+        "        if world_size > 2 and not full_nvlink:\n", "        if world_size > 2 and not full_nvlink and not _pcie_allowed():\n", 1))
+    git(wd, *DEV, "commit", "-qam", f"custom_all_reduce: a patch on the NVLink gate\n\n{DEP3}")
+    stack.export(proj, wd)
+    stack.update_blobs(proj, wd)
+    assert stack.apply(proj, wd, source="sdist").changed is False
+    return dict(rb_golden, project=proj, fork=wd)
+
+
+def _rebase(c: Case, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    args = args or ("--onto", REBASE_TARGET, "--source", "sdist")
+    return c.run("rebase", "--workdir", str(c.fork), "--project", str(c.project), *args, env=env)
+
+
+def _heads(wd: Path) -> str:
+    return git(wd, "for-each-ref", "--format=%(refname) %(objectname)", "refs/heads/")
+
+
+def _exact(wd: Path) -> dict:
+    """What --abort must restore byte for byte: refs (not the pre-rebase backups a late kill left), HEAD,
+    config, index, every file of the worktree (the user's untracked notes included)."""
+    refs = [r for r in git(wd, "for-each-ref", "--format=%(refname) %(objectname)").splitlines() if "refs/sglpatch/backup/" not in r]
+    out = {"refs": refs, "HEAD": (wd / ".git" / "HEAD").read_bytes(), "config": (wd / ".git" / "config").read_bytes(),
+           "index": git(wd, "write-tree")}
+    for p in sorted(wd.rglob("*")):
+        rel = p.relative_to(wd)
+        if rel.parts[0] != ".git" and (p.is_file() or p.is_symlink()):
+            out[str(rel)] = os.readlink(p) if p.is_symlink() else p.read_bytes()
+    return out
+
+
+def _users_work_kept(c: Case, orig: dict) -> None:
+    assert (c.fork / "my-notes.txt").read_text() == "the user's untracked notes\n"
+    kept = git(c.fork, "for-each-ref", "--format=%(objectname)", "refs/heads/", "refs/sglpatch/backup/").split()
+    assert orig["patched"] in kept and orig["upstream"] in kept, "the pre-rebase branches are neither in place nor backed up"
+
+
+@pytest.fixture(scope="session")
+def rb_after(rb_golden, tmp_path_factory):
+    """What an uninterrupted rebase writes: the project's files and the workdir's branches."""
+    c = Case(tmp_path_factory.mktemp("fm-rebase-after"), rb_golden)
+    ok(_rebase(c))
+    assert P3_UPSTREAM not in patch_names(c)
+    assert (c.project / "rebase-reports" / f"0.5.9..{REBASE_TARGET}" / "dropped" / P3_UPSTREAM).is_file()
+    return {"project": snapshot(c.project), "heads": _heads(c.fork)}
+
+
+# (step, recovery): "rerun" = the same command again (no rebase state saved yet);
+# "continue" = the re-run is refused with one line naming --continue, which completes the rebase
+REBASE_STEPS = [
+    ("materialize:extract", "rerun"),  # extracting the new upstream's sdist
+    ("rebase:upstream", "rerun"),  # the new upstream commit built, nothing else
+    ("rebase:snapshot", "rerun"),  # project snapshot taken, state.json not written yet
+    ("rebase:saved", "continue"),  # state.json written, no patch done
+    ("rebase:patch:2", "continue"),  # mid-series (every rebase:patch:K leaves the same state)
+    ("rebase:progress", "continue"),  # every patch done and saved, nothing moved yet
+    ("rebase:finish:backup", "continue"),  # pre-rebase backup refs written
+    ("rebase:finish:upstream", "continue"),  # `upstream` moved
+    ("rebase:finish:patched", "continue"),  # `patched` moved and checked out
+    ("rebase:finish:report", "continue"),  # rebase-reports/ written
+    ("rebase:finish:export", "continue"),  # patches/ + series written, P3 removed
+    ("rebase:finish:lock", "continue"),  # upstream.lock written
+    ("rebase:finish:changelog", "continue"),  # CHANGELOG.md written
+    ("rebase:finish:recorded", "continue"),  # the workdir recorded as in sync, state not yet removed
+]
+
+
+@pytest.mark.parametrize("step, recovery", REBASE_STEPS, ids=[s for s, _ in REBASE_STEPS])
+def test_sigkill_during_rebase(tmp_path, rb_golden, rb_after, step, recovery):
+    c = Case(tmp_path, rb_golden)
+    orig = {b: git(c.fork, "rev-parse", b) for b in ("patched", "upstream")}
+    before = snapshot(c.project)
+    proc = _rebase(c, env={"SGLPATCH_CRASH_AT": step})
+    assert proc.returncode == -signal.SIGKILL, proc.stdout + proc.stderr
+    _users_work_kept(c, orig)
+    for rel, data in snapshot(c.project).items():  # each project file is the old one or the new one, never half
+        assert data in (before.get(rel), rb_after["project"].get(rel)), f"{rel} is neither as before nor as after the rebase"
+    if recovery == "rerun":
+        ok(_rebase(c))
+    else:
+        refused(_rebase(c), "already in progress", "interrupted", f"sglpatch rebase --workdir {c.fork} --continue", "--abort")
+        ok(_rebase(c, "--continue"))
+    assert snapshot(c.project) == rb_after["project"]
+    assert _heads(c.fork) == rb_after["heads"]
+    _users_work_kept(c, orig)
+    assert not (c.fork / ".git" / "sglpatch-rebase").exists()
+    assert git(c.fork, "for-each-ref", "refs/sglpatch/rebase/") == ""
+    c.in_sync()
+    c.outside_clean()
+
+
+def test_sigkill_late_in_rebase_then_abort(tmp_path, rb_golden, rb_after):
+    """--abort also works after a kill in the finishing step (project half rewritten, branches moved)."""
+    c = Case(tmp_path, rb_golden)
+    before_wd, before = _exact(c.fork), snapshot(c.project)
+    proc = _rebase(c, env={"SGLPATCH_CRASH_AT": "rebase:finish:changelog"})
+    assert proc.returncode == -signal.SIGKILL, proc.stdout + proc.stderr
+    assert snapshot(c.project) != before and _heads(c.fork) == rb_after["heads"]
+    ok(_rebase(c, "--abort"))
+    assert _exact(c.fork) == before_wd
+    assert snapshot(c.project) == before
+    assert not (c.fork / ".git" / "sglpatch-rebase").exists()
+    c.in_sync()  # back on the old pin, in sync: a new rebase starts from here (as in rebase:snapshot above)
+    c.outside_clean()
+
+
+STOP_STEPS = ["rebase:stop:checkout", "rebase:stop:applied", "rebase:stop:saved"]
+
+
+@pytest.mark.parametrize("step", STOP_STEPS)
+def test_sigkill_at_rebase_conflict_stop_then_abort(tmp_path, rb_conflict, step):
+    """A series whose last patch conflicts on 0.5.10.post1 with no recorded resolution: killed while
+    stopping for the user (detached at the new stack, the patch 3-way applied); --abort restores all."""
+    c = Case(tmp_path, rb_conflict)
+    before_wd, before = _exact(c.fork), snapshot(c.project)
+    proc = _rebase(c, env={"SGLPATCH_CRASH_AT": step})
+    assert proc.returncode == -signal.SIGKILL, proc.stdout + proc.stderr
+    assert (c.fork / "my-notes.txt").read_text() == "the user's untracked notes\n"
+    assert _heads(c.fork) == _heads(rb_conflict["fork"])  # no branch moved
+    assert snapshot(c.project) == before  # the project is written only at the very end
+    msg = refused(_rebase(c), "already in progress", "--continue", "--abort")
+    if step == "rebase:stop:saved":
+        assert "stopped at patch 4/4" in msg
+    if step == "rebase:stop:applied":  # --continue redoes the interrupted stop properly
+        res = _rebase(c, "--continue")
+        assert res.returncode == 3 and "rebase stopped at patch 4/4" in res.stdout, res.stdout + res.stderr
+        assert "<<<<<<<" in (c.fork / GATE).read_text() and git(c.fork, "ls-files", "-u")
+    ok(_rebase(c, "--abort"))
+    assert _exact(c.fork) == before_wd
+    assert snapshot(c.project) == before
+    assert not (c.fork / ".git" / "sglpatch-rebase").exists()
     c.in_sync()
     c.outside_clean()

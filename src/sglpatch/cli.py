@@ -52,7 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _workdir(args) -> Path:
-    return Path(args.workdir or os.environ.get("SGLANG_FORK_DIR") or Path.home() / "sglang-fork").expanduser()
+    return Path(args.workdir or os.environ.get("SGLANG_FORK_DIR") or Path.home() / "sglang-fork").expanduser().absolute()
 
 
 def _project(args) -> Path:

@@ -127,7 +127,8 @@ class Git:
     """git in one directory, with the fixed flags above."""
 
     def __init__(self, workdir: Path | str):
-        self.workdir = Path(workdir)
+        # absolute: git runs with cwd=workdir, so every path we hand it must not be relative
+        self.workdir = Path(workdir).expanduser().absolute()
         self._runner = gitpython.Git(str(self.workdir))
 
     # -- running ------------------------------------------------------------

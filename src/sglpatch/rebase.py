@@ -59,7 +59,7 @@ else:  # pragma: no cover
 from sglpatch import stack
 from sglpatch import upstream as up
 from sglpatch.errors import SglpatchError
-from sglpatch.fsutil import exclusive, write_if_changed
+from sglpatch.fsutil import crashpoint, exclusive, write_if_changed
 from sglpatch.gitcmd import FIXED_DATE, Git
 from sglpatch.lock import Lock, write_lock
 from sglpatch.series import PATCH_DIR, SERIES_NAME, Entry, PatchFile, parse_patch, read_series
@@ -196,7 +196,7 @@ def _three_way(git: Git, head: str, old_parent: str, old_commit: str) -> tuple[b
 
 
 def _with_temp_index(git: Git, base: str, fn):
-    with tempfile.TemporaryDirectory(prefix="sglpatch-rb-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="sglpatch-rb-", dir=up.scratch_dir(git)) as tmp:
         env = {"GIT_INDEX_FILE": str(Path(tmp) / "index")}
         git.run("read-tree", base, env=env)
         return fn(env, Path(tmp))
@@ -775,10 +775,12 @@ def _run_steps(git: Git, plan: Plan, dry_run: bool) -> list[Outcome]:
     """Go on from plan.next; returns all outcomes; stops (real rebase) at the first 'stop'."""
     project_root = Path(plan.project)
     new_lock = Lock.parse(plan.new_lock, "target")
-    recs, _ = read_resolutions(project_root, new_lock.version)
-    patches = _load_old_patches(project_root, plan)
     outcomes = [Outcome(**d) for d in plan.outcomes]
     n = len(plan.names)
+    if plan.next >= n:  # all classified: a resumed finish, whose project may be exported already
+        return outcomes
+    recs, _ = read_resolutions(project_root, new_lock.version)
+    patches = _load_old_patches(project_root, plan)
     while plan.next < n:
         i = plan.next
         o = _step(git, plan, i, patches[i], recs, dry_run)
@@ -790,6 +792,8 @@ def _run_steps(git: Git, plan: Plan, dry_run: bool) -> list[Outcome]:
         outcomes.append(o)
         plan.outcomes.append(asdict(o))
         plan.next = i + 1
+        if not dry_run:
+            crashpoint(f"rebase:patch:{i + 1}")
     return outcomes
 
 
@@ -921,8 +925,29 @@ def _save(git: Git, plan: Plan) -> None:
 def _load(git: Git) -> Plan:
     f = _state_dir(git) / "state.json"
     if not f.is_file():
+        if _state_dir(git).exists():  # a rebase killed before it saved its state: nothing to resume or restore
+            raise RebaseError(
+                f"no rebase to resume in {git.workdir}: one was killed before it changed anything; "
+                "re-run `sglpatch rebase --onto ...`, which clears what it left"
+            )
         raise RebaseError(f"no rebase in progress in {git.workdir}")
     return Plan(**json.loads(f.read_text()))
+
+
+def _in_progress(git: Git) -> str:
+    """The one line for a new rebase while state.json exists: what happened, what to run."""
+    wd = git.workdir
+    plan = _load(git)
+    if plan.stopped:
+        i = plan.stopped["index"]
+        return (
+            f"a rebase is already in progress in {wd}, stopped at patch {i + 1}/{len(plan.names)} ({plan.names[i]}) for you; "
+            f"resolve it, then `sglpatch rebase --workdir {wd} --continue` (or `--skip` / `--abort`)"
+        )
+    return (
+        f"a rebase is already in progress in {wd}, but its process was interrupted (killed?) before it finished; "
+        f"`sglpatch rebase --workdir {wd} --continue` completes it, or `--abort` puts {wd} and the project back as they were"
+    )
 
 
 def _managed_paths(project_root: Path, version: str, report_name: str) -> tuple[list[str], list[str]]:
@@ -985,11 +1010,16 @@ def start(
     project_root = Path(project_root).resolve()
     project = stack.Project.load(project_root)
     git = stack.open_workdir(Path(workdir), create=False)
-    if _state_dir(git).exists():
-        raise RebaseError(
-            f"a rebase is already in progress in {git.workdir}; `sglpatch rebase --workdir {git.workdir} --continue` or `--abort`"
-        )
+    state = _state_dir(git) / "state.json"
+    if state.is_file():
+        raise RebaseError(_in_progress(git))
     with exclusive(stack._lockfile(git), str(git.workdir)):
+        if state.is_file():
+            raise RebaseError(_in_progress(git))
+        if _state_dir(git).exists():  # a rebase killed before it saved state.json: it had changed nothing yet
+            say(f"removing {_state_dir(git)} left by a killed rebase (no state saved in it: nothing to resume)")
+            shutil.rmtree(_state_dir(git))
+        shutil.rmtree(git.workdir / ".git" / up.SCRATCH, ignore_errors=True)  # left by a killed run
         dirty = git.dirty_files()
         if dirty:
             raise RebaseError(f"{git.workdir} has uncommitted changes ({', '.join(dirty[:3])}); commit and `sglpatch export`, or stash them")
@@ -1001,6 +1031,7 @@ def start(
             )
         branch = git.current_branch()
         plan = _prepare(git, project_root, onto, source, commit, url, in_sync)
+        crashpoint("rebase:upstream")
         plan.orig = {
             "branch": branch,
             "head": git.head_commit(),
@@ -1012,7 +1043,9 @@ def start(
         _state_dir(git).mkdir(parents=True, exist_ok=True)
         _snapshot_project(git, project_root, new_lock.version, _report_name(project.lock, new_lock))
         git.update_ref(f"{REF_PREFIX}/onto", plan.onto, message="sglpatch rebase: new upstream")
-        _save(git, plan)
+        crashpoint("rebase:snapshot")
+        _save(git, plan)  # from here on a rebase is in progress: --continue / --abort
+        crashpoint("rebase:saved")
         _drive(git, plan)
     return _finish(git, plan)
 
@@ -1021,6 +1054,7 @@ def _drive(git: Git, plan: Plan) -> list[str]:
     outcomes = _run_steps(git, plan, dry_run=False)
     git.update_ref(f"{REF_PREFIX}/head", plan.head, message="sglpatch rebase: progress")
     _save(git, plan)
+    crashpoint("rebase:progress")
     if outcomes and outcomes[-1].action == "stop" and plan.next < len(plan.names):
         _stop(git, plan, outcomes[-1])  # raises RebaseStopped
     return []
@@ -1030,13 +1064,16 @@ def _stop(git: Git, plan: Plan, o: Outcome) -> list[str]:
     i = plan.next
     data = stack.format_patch(git, plan.old_commits[i])
     git.run("checkout", "-q", "--detach", plan.head)
-    with tempfile.TemporaryDirectory(prefix="sglpatch-rb-") as tmp:
+    crashpoint("rebase:stop:checkout")
+    with tempfile.TemporaryDirectory(prefix="sglpatch-rb-", dir=up.scratch_dir(git)) as tmp:
         pf = Path(tmp) / "patch"
         pf.write_bytes(data)
         rc, out, err = git.run("apply", "--3way", "--index", f"-p{plan.strips[i]}", "--whitespace=nowarn", "--", str(pf), check=False)
     unmerged = sorted(set(line.split("\t", 1)[1] for line in git.run("ls-files", "-u").splitlines() if "\t" in line))
+    crashpoint("rebase:stop:applied")
     plan.stopped = {"index": i, "files": unmerged or o.files, "outcome": asdict(o)}
     _save(git, plan)
+    crashpoint("rebase:stop:saved")
     wd = git.workdir
     lines = _table([Outcome(**d) for d in plan.outcomes] + [o])
     lines += [
@@ -1057,46 +1094,54 @@ def continue_(workdir: Path, skip: bool = False) -> list[str]:
     git = stack.open_workdir(Path(workdir), create=False)
     plan = _load(git)
     with exclusive(stack._lockfile(git), str(git.workdir)):
-        if not plan.stopped:
+        if not plan.stopped:  # the process was killed before it stopped or finished: resume
+            if git.current_branch() is None and git.head_commit() == plan.head:
+                # killed inside the stop: the half-applied patch there is ours, the stop redoes it
+                git.run("reset", "-q", "--hard", plan.head)
             _drive(git, plan)
-            return _finish(git, plan)
-        i = plan.stopped["index"]
-        o = Outcome(**plan.stopped["outcome"])
-        if skip:
-            git.run("reset", "-q", "--hard", plan.head)
-            o.action, o.how = "skip", "dropped by hand (--skip)"
+        else:
+            _resolved(git, plan, skip)
+    return _finish(git, plan)  # outside the lock: its export takes the lock itself
+
+
+def _resolved(git: Git, plan: Plan, skip: bool) -> None:
+    """--continue / --skip after a stop: record the resolution, go on."""
+    i = plan.stopped["index"]
+    o = Outcome(**plan.stopped["outcome"])
+    if skip:
+        git.run("reset", "-q", "--hard", plan.head)
+        o.action, o.how = "skip", "dropped by hand (--skip)"
+        plan.hand[o.name] = "drop"
+    else:
+        touched = sorted(set(plan.stopped["files"]) | set(git.dirty_files()))
+        git.run("add", "-u")
+        for f in plan.stopped["files"]:
+            if (git.workdir / f).exists():
+                git.run("add", "--", f)
+        left = []
+        for f in touched:
+            p = git.workdir / f
+            if p.is_file():
+                text = p.read_text(errors="replace")
+                if re.search(r"^(<<<<<<< |>>>>>>> )", text, re.M):
+                    left.append(f)
+        if left:
+            raise RebaseError(f"conflict markers are still in {', '.join(left)}; resolve them, then --continue again")
+        tree = git.run("write-tree")
+        if tree == _tree(git, plan.head):
+            o.action, o.how = "skip", "the resolution left no change: dropped"
             plan.hand[o.name] = "drop"
         else:
-            touched = sorted(set(plan.stopped["files"]) | set(git.dirty_files()))
-            git.run("add", "-u")
-            for f in plan.stopped["files"]:
-                if (git.workdir / f).exists():
-                    git.run("add", "--", f)
-            left = []
-            for f in touched:
-                p = git.workdir / f
-                if p.is_file():
-                    text = p.read_text(errors="replace")
-                    if re.search(r"^(<<<<<<< |>>>>>>> )", text, re.M):
-                        left.append(f)
-            if left:
-                raise RebaseError(f"conflict markers are still in {', '.join(left)}; resolve them, then --continue again")
-            tree = git.run("write-tree")
-            if tree == _tree(git, plan.head):
-                o.action, o.how = "skip", "the resolution left no change: dropped"
-                plan.hand[o.name] = "drop"
-            else:
-                new = _commit_like(git, tree, plan.head, plan.old_commits[i])
-                git.run("update-ref", "--no-deref", "-m", "sglpatch rebase: resolved", "HEAD", new)
-                plan.head = new
-                o.action, o.how, o.new_commit = "hand", "resolved by hand", new
-                plan.hand[o.name] = "replace"
-        plan.outcomes.append(asdict(o))
-        plan.next = i + 1
-        plan.stopped = {}
-        _save(git, plan)
-        _drive(git, plan)
-    return _finish(git, plan)
+            new = _commit_like(git, tree, plan.head, plan.old_commits[i])
+            git.run("update-ref", "--no-deref", "-m", "sglpatch rebase: resolved", "HEAD", new)
+            plan.head = new
+            o.action, o.how, o.new_commit = "hand", "resolved by hand", new
+            plan.hand[o.name] = "replace"
+    plan.outcomes.append(asdict(o))
+    plan.next = i + 1
+    plan.stopped = {}
+    _save(git, plan)
+    _drive(git, plan)
 
 
 def abort(workdir: Path) -> list[str]:
@@ -1165,10 +1210,13 @@ def _changelog_section(old: Lock, new: Lock, source: str, outcomes: list[Outcome
     return "\n".join(lines) + "\n"
 
 
-def _insert_changelog(project_root: Path, section: str) -> None:
+def _insert_changelog(project_root: Path, section: str, before: str = "") -> None:
     path = project_root / CHANGELOG
     text = path.read_text(encoding="utf-8") if path.is_file() else "# Changelog\n"
     lines = text.split("\n")
+    title = section.split("\n", 1)[0].rsplit(" - ", 1)[0]  # the heading without its date
+    if sum(x.startswith(title) for x in lines) > sum(x.startswith(title) for x in before.split("\n")):
+        return  # a killed earlier run of this rebase inserted it already
     at = next((k for k, line in enumerate(lines) if line.startswith("## ")), None)
     if at is None:
         new = text.rstrip("\n") + "\n\n" + section
@@ -1188,7 +1236,9 @@ def _finish(git: Git, plan: Plan) -> list[str]:
     stamp = time.strftime("%Y%m%d-%H%M%S")
     git.update_ref(f"{stack.BACKUP_PREFIX}/{stamp}-pre-rebase-upstream", plan.orig["upstream"], message="sglpatch rebase")
     git.update_ref(f"{stack.BACKUP_PREFIX}/{stamp}-pre-rebase-patched", plan.orig["patched"], message="sglpatch rebase")
+    crashpoint("rebase:finish:backup")
     git.update_ref(f"refs/heads/{up.UPSTREAM_BRANCH}", new_base, message=f"sglpatch rebase: {new_lock.describe()}")
+    crashpoint("rebase:finish:upstream")
     if plan.source == "git":
         git.config_set(f"sglpatch.pin-{up.UPSTREAM_BRANCH}", f"{new_lock.pin_digest()} {new_base}")
     if git.current_branch() == stack.PATCHED_BRANCH:
@@ -1197,12 +1247,15 @@ def _finish(git: Git, plan: Plan) -> list[str]:
     else:
         git.update_ref(f"refs/heads/{stack.PATCHED_BRANCH}", new_head, message="sglpatch rebase")
         git.run("checkout", "-q", stack.PATCHED_BRANCH)
+    crashpoint("rebase:finish:patched")
     # 2. report (before export, which deletes dropped patch files)
     report_dir = project_root / REPORTS_DIR / report_name
     rd = _range_diff(git, plan, new_base, new_head)
+    snap = _state_dir(git) / "project" / "files"
     for o in outcomes:
         if o.action in ("drop", "recorded-drop", "skip"):
-            write_if_changed(report_dir / "dropped" / o.name, (project_root / PATCH_DIR / o.name).read_bytes())
+            # from the snapshot: a killed earlier finish may have exported (removed) it already
+            write_if_changed(report_dir / "dropped" / o.name, (snap / PATCH_DIR / o.name).read_bytes())
     report = [
         f"# Rebase {old_lock.describe()} -> {new_lock.describe()}",
         "",
@@ -1219,6 +1272,7 @@ def _finish(git: Git, plan: Plan) -> list[str]:
         report += ["```diff", part, "```", ""]
     write_if_changed(report_dir / "report.md", ("\n".join(report) + "\n").encode())
     write_if_changed(report_dir / "range-diff.txt", rd.encode())
+    crashpoint("rebase:finish:report")
     # 3. record hand resolutions
     if plan.hand:
         recs, _ = read_resolutions(project_root, new_lock.version)
@@ -1232,6 +1286,7 @@ def _finish(git: Git, plan: Plan) -> list[str]:
             data = stack.format_patch(git, by_subject[subj]) if action == "replace" else None
             recs[name] = Recorded(action, f"resolved by hand during the rebase onto {new_lock.version}", plan.sha256s[k], data)
         write_resolutions(project_root, new_lock.version, recs)
+        crashpoint("rebase:finish:resolutions")
     # 4. patches/ + series, lock (with the blobs of the files the new series touches), CHANGELOG
     return _finish_project(git, plan, outcomes, old_lock, new_lock, new_base, report_dir)
 
@@ -1239,6 +1294,7 @@ def _finish(git: Git, plan: Plan) -> list[str]:
 def _finish_project(git, plan, outcomes, old_lock, new_lock, new_base, report_dir) -> list[str]:
     project_root = Path(plan.project)
     res = stack.export(project_root, git.workdir)  # takes the workdir lock itself
+    crashpoint("rebase:finish:export")
     project = stack.Project.load(project_root)
     blobs = {}
     for p in project.patches:
@@ -1248,11 +1304,20 @@ def _finish_project(git, plan, outcomes, old_lock, new_lock, new_base, report_di
                 blobs[f] = b
     new_lock.blobs = blobs
     write_lock(project_root, new_lock)
+    crashpoint("rebase:finish:lock")
     rel = str(report_dir.relative_to(project_root)) + "/report.md"
-    _insert_changelog(project_root, _changelog_section(old_lock, new_lock, plan.source, outcomes, rel))
+    before = _state_dir(git) / "project" / "files" / CHANGELOG
+    _insert_changelog(
+        project_root,
+        _changelog_section(old_lock, new_lock, plan.source, outcomes, rel),
+        before.read_text(encoding="utf-8") if before.is_file() else "",
+    )
+    crashpoint("rebase:finish:changelog")
     stack._record(git, project.digest(new_base), git.rev(stack.PATCHED_BRANCH))
+    crashpoint("rebase:finish:recorded")
     for ref in ("onto", "head"):
         git.run("update-ref", "-d", f"{REF_PREFIX}/{ref}", check=False)
+    (_state_dir(git) / "state.json").unlink()  # first: a kill in the rmtree leaves nothing to resume
     shutil.rmtree(_state_dir(git))
     lines = [f"rebased onto {new_lock.describe()}"] + _table(outcomes)
     lines.append(f"exported: {len(res.written)} written, {len(res.unchanged)} unchanged, {len(res.removed)} removed")

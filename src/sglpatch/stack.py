@@ -110,7 +110,7 @@ def find_project(start: Path | None = None) -> Path:
 
 
 def open_workdir(workdir: Path, create: bool) -> Git:
-    workdir = Path(workdir).expanduser()
+    workdir = Path(workdir).expanduser().absolute()
     if workdir.exists() and not workdir.is_dir():
         raise SglpatchError(f"{workdir} exists and is not a directory; choose another --workdir")
     if not workdir.exists() or (workdir.is_dir() and not any(workdir.iterdir())):
