@@ -511,7 +511,8 @@ def test_valid_binary_patch_works(case):
 
 
 def test_corrupt_binary_patch(case, tmp_path):
-    (case.fork / "python" / "sglang" / "blob.bin").write_bytes(os.urandom(512))
+    # a NUL byte makes git treat it as binary whatever the random bytes are
+    (case.fork / "python" / "sglang" / "blob.bin").write_bytes(b"\0" + os.urandom(511))
     git(case.fork, "add", "python/sglang/blob.bin")
     git(case.fork, *DEV, "commit", "-qm", f"add a binary file\n\n{DEP3}")
     ok(case.export())

@@ -10,3 +10,10 @@ class SglpatchError(Exception):
         super().__init__(message)
         if exit_code is not None:
             self.exit_code = exit_code
+
+
+def say(msg: str) -> None:
+    """Progress and warnings: one line on stderr, prefixed like the errors."""
+    import sys
+
+    print(f"sglpatch: {msg}", file=sys.stderr, flush=True)

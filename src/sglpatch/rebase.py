@@ -58,7 +58,7 @@ else:  # pragma: no cover
 
 from sglpatch import stack
 from sglpatch import upstream as up
-from sglpatch.errors import SglpatchError
+from sglpatch.errors import SglpatchError, say
 from sglpatch.fsutil import crashpoint, exclusive, write_if_changed
 from sglpatch.gitcmd import FIXED_DATE, Git
 from sglpatch.lock import Lock, write_lock
@@ -84,10 +84,6 @@ class RebaseStopped(SglpatchError):
     """The rebase stopped for a human; the message says what to do next (exit 3)."""
 
     exit_code = 3
-
-
-def say(msg: str) -> None:
-    print(f"sglpatch: {msg}", file=sys.stderr, flush=True)
 
 
 # --------------------------------------------------------------------------------------

@@ -17,14 +17,13 @@ from __future__ import annotations
 import hashlib
 import re
 import shutil
-import sys
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from sglpatch import upstream as up
-from sglpatch.errors import SglpatchError
+from sglpatch.errors import SglpatchError, say
 from sglpatch.fsutil import crashpoint, exclusive, write_if_changed
 from sglpatch.gitcmd import Git
 from sglpatch.lock import Lock, read_lock
@@ -68,10 +67,6 @@ _EXCLUDES = ("*.egg-info/", "__pycache__/", "*.pyc", "/python/build/", "*.so")
 
 class ApplyError(SglpatchError):
     pass
-
-
-def say(msg: str) -> None:
-    print(f"sglpatch: {msg}", file=sys.stderr, flush=True)
 
 
 # --------------------------------------------------------------------------------------

@@ -22,7 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from sglpatch.errors import SglpatchError
+from sglpatch.errors import SglpatchError, say
 from sglpatch.fsutil import crashpoint
 from sglpatch.gitcmd import FIXED_DATE, Git, validate_ref, validate_url
 from sglpatch.lock import Lock, LockError, sha256_file
@@ -37,10 +37,6 @@ def cache_dir() -> Path:
         return Path(base)
     xdg = os.environ.get("XDG_CACHE_HOME")
     return Path(xdg) / "sglpatch" if xdg else Path.home() / ".cache" / "sglpatch"
-
-
-def say(msg: str) -> None:
-    print(f"sglpatch: {msg}", file=sys.stderr, flush=True)
 
 
 # --------------------------------------------------------------------------------------
