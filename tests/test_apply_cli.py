@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import venv
 from pathlib import Path
+
+import pytest
 
 from conftest import git, sglpatch
 from sglpatch import stack
@@ -29,6 +32,7 @@ def test_auto_source_uses_git_when_it_answers_else_sdist(project_copy, tmp_path)
     proc = sglpatch("apply", "--project", str(project_copy), "--workdir", str(tmp_path / "a"), "--source", "auto", "--no-install")
     assert proc.returncode == 0, proc.stderr
     assert "source: git" in proc.stderr
+    assert "Receiving objects" in proc.stderr  # git's progress meter is shown for the fetch
     lock.url, lock.commit = "https://127.0.0.1:9/nowhere/sglang", read_lock(Path(__file__).parents[1]).commit
     write_lock(project_copy, lock)
     proc = sglpatch(
@@ -63,6 +67,7 @@ def test_apply_installs_into_the_given_python_and_reports_it(project_copy, tmp_p
     proc = sglpatch(*args)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert f"imports sglang 0.5.9 from {wd.resolve()}/python/sglang/__init__.py" in proc.stdout
+    assert "carries 4 patches:" in proc.stdout and "0002-pcie-custom-allreduce.patch: custom_all_reduce" in proc.stdout
     assert git(wd, "status", "--porcelain", "--untracked-files=no") == ""
     # re-running is safe: no commit, no reinstall
     head = git(wd, "rev-parse", "patched")
@@ -90,3 +95,17 @@ def test_relative_workdir(project_copy, tmp_path):
     assert git(tmp_path / "fork", "rev-parse", "--abbrev-ref", "HEAD") == "patched"
     proc = sglpatch("export", "--project", str(project_copy), "--workdir", "fork", cwd=tmp_path)
     assert proc.returncode == 0 and "0 written" in proc.stdout, proc.stdout + proc.stderr
+
+
+@pytest.mark.skipif(shutil.which("uv") is None, reason="uv not installed (requirements-test.txt installs it)")
+def test_apply_installs_with_uv_like_the_user(project_copy, tmp_path):
+    env_dir = tmp_path / "venv"
+    venv.EnvBuilder(system_site_packages=True, with_pip=False).create(env_dir)
+    py = env_dir / "bin" / "python"
+    wd = tmp_path / "fork"
+    args = ["apply", "--project", str(project_copy), "--workdir", str(wd), "--source", "sdist", "--python", str(py), "--installer", "uv"]
+    proc = sglpatch(*args)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "uv pip install --python" in proc.stderr
+    assert f"imports sglang 0.5.9 from {wd.resolve()}/python/sglang/__init__.py" in proc.stdout
+    assert git(wd, "status", "--porcelain", "--untracked-files=no") == ""

@@ -59,6 +59,12 @@ def _project(args) -> Path:
     return Path(args.project).resolve() if getattr(args, "project", None) else stack.find_project()
 
 
+def _os_error(e: OSError) -> SglpatchError:
+    """A full disk, a permission: one line, not a traceback."""
+    hint = "free space and re-run" if e.errno == errno.ENOSPC else "fix that and re-run"
+    return SglpatchError(f"{e.strerror or e}" + (f" ({e.filename})" if e.filename else "") + f"; {hint}")
+
+
 def _cmd_apply(args) -> int:
     try:
         project, workdir = _project(args), _workdir(args)
@@ -80,18 +86,20 @@ def _cmd_apply(args) -> int:
                 print(f"{py} imports sglang {have[1]} from {have[0]}")
             else:
                 print(f"warning: {py} cannot import sglang yet (its dependencies may be missing)")
+        patches = stack.carried(project, workdir)
+        print(f"{workdir} (branch patched) carries {len(patches)} patches:")
+        for line in patches:
+            print(f"  {line}")
         return 0
-    except OSError as e:  # a full disk, a permission: one line, not a traceback
-        hint = "free space and re-run" if e.errno == errno.ENOSPC else "fix that and re-run"
-        raise SglpatchError(f"{e.strerror or e}" + (f" ({e.filename})" if e.filename else "") + f"; {hint}") from None
+    except OSError as e:
+        raise _os_error(e) from None
 
 
 def _cmd_export(args) -> int:
     try:
         res = stack.export(_project(args), _workdir(args))
-    except OSError as e:  # a full disk, a permission: one line, not a traceback
-        hint = "free space and re-run" if e.errno == errno.ENOSPC else "fix that and re-run"
-        raise SglpatchError(f"{e.strerror or e}" + (f" ({e.filename})" if e.filename else "") + f"; {hint}") from None
+    except OSError as e:
+        raise _os_error(e) from None
     total = len(res.written) + len(res.unchanged)
     print(
         f"exported {total} patches: {len(res.written)} written, {len(res.unchanged)} unchanged, "

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -142,10 +144,12 @@ class Git:
         strip: bool = True,
         binary: bool = False,
         timeout: float | None = None,
+        progress: bool = False,
     ):
         """Run ``git <args>`` and return stdout (str, or bytes with binary=True).
 
-        With check=False return (returncode, stdout, stderr) instead.
+        With check=False return (returncode, stdout, stderr) instead. With progress=True git's
+        stderr (its progress meter, for a long clone or fetch) is shown live as well as kept.
         """
         if not self.workdir.is_dir():
             raise SglpatchError(f"{self.workdir} does not exist or is not a directory")
@@ -162,6 +166,8 @@ class Git:
             full_env.update(env)
         if isinstance(input, str):
             input = input.encode()
+        if progress:
+            return self._run_with_progress(cmd, full_env, args, check)
         with tempfile.TemporaryFile() as stdin:
             if input is not None:
                 stdin.write(input)
@@ -190,6 +196,26 @@ class Git:
         if strip and not binary:
             out = out.strip()
         return out
+
+    def _run_with_progress(self, cmd: list[str], env: dict[str, str], args, check: bool):
+        proc = subprocess.Popen(cmd, cwd=str(self.workdir), env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        tail = b""
+        while True:
+            chunk = proc.stderr.read1(4096) if hasattr(proc.stderr, "read1") else proc.stderr.read(4096)
+            if not chunk:
+                break
+            sys.stderr.buffer.write(chunk)
+            sys.stderr.flush()
+            tail = (tail + chunk)[-8192:]
+        out = proc.stdout.read().decode("utf-8", "surrogateescape")
+        rc = proc.wait()
+        err = tail.decode("utf-8", "replace").replace("\r", "\n")
+        if not check:
+            return rc, out, err
+        if rc != 0:
+            last = [line for line in err.strip().splitlines() if line.strip()]
+            raise GitError(f"git {args[0] if args else ''} failed in {self.workdir}: {last[-1] if last else f'exit {rc}'}")
+        return out.strip()
 
     # -- queries ------------------------------------------------------------
     def is_repo(self) -> bool:

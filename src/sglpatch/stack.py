@@ -601,3 +601,14 @@ def update_blobs(project_root: Path, workdir: Path) -> dict[str, str]:
     project.lock.blobs = blobs
     write_lock(project_root, project.lock)
     return blobs
+
+
+def carried(project_root: Path, workdir: Path) -> list[str]:
+    """'name: subject' of every patch on upstream..patched, in order (for the end of apply)."""
+    git = open_workdir(workdir, create=False)
+    base, head = git.rev(up.UPSTREAM_BRANCH), git.rev(PATCHED_BRANCH)
+    if not base or not head:
+        return []
+    names = read_series(project_root).names
+    commits = git.commits(base, head)
+    return [f"{names[k] if k < len(names) else c[:12]}: {git.subject(c)}" for k, c in enumerate(commits)]

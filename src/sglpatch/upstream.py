@@ -43,6 +43,17 @@ def cache_dir() -> Path:
 # sdist
 
 
+def _run_showing_lines(cmd: list[str], prefix: str) -> subprocess.CompletedProcess:
+    """Run cmd, echoing each output line to stderr (progress for a long download), keep the text."""
+    lines: list[str] = []
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace") as proc:
+        for line in proc.stdout:
+            lines.append(line)
+            if line.strip() and not line.startswith("WARNING: Location"):
+                print(prefix + line.rstrip(), file=sys.stderr, flush=True)
+    return subprocess.CompletedProcess(cmd, proc.returncode, "".join(lines), "")
+
+
 def fetch_sdist(lock: Lock, python: str | None = None) -> Path:
     """The verified sdist tarball for lock, from the cache or downloaded with pip."""
     cdir = cache_dir() / "sdist"
@@ -71,7 +82,7 @@ def fetch_sdist(lock: Lock, python: str | None = None) -> Path:
             tmp,
             f"{lock.name}=={lock.version}",
         ]
-        proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        proc = _run_showing_lines(cmd, prefix="  pip: ")
         if proc.returncode != 0:
             last = [line for line in proc.stdout.strip().splitlines() if line.strip()]
             if cached_digest is not None:
@@ -202,7 +213,8 @@ def build_from_git(git: Git, lock: Lock, url: str | None = None) -> str:
     if not have or not _commits_match(have, lock.commit):
         say(f"fetching {tag} from {url}")
         rc, _, err = mg.run(
-            "fetch", "--no-tags", "--progress", "--end-of-options", url, f"+refs/tags/{tag}:refs/tags/{tag}", check=False, network=True
+            "fetch", "--no-tags", "--progress", "--end-of-options", url, f"+refs/tags/{tag}:refs/tags/{tag}", check=False, network=True,
+            progress=True,
         )
         if rc != 0:
             last = [line for line in err.strip().splitlines() if line.strip()]
