@@ -1,10 +1,21 @@
 #!/usr/bin/env bash
-# Install what the tests need into the active Python (idempotent) and run them.
+# Install what the tests need into a private venv (.venv here, or $SGLPATCH_TEST_VENV; with
+# PYTHON=... that interpreter instead) and run them. The venv keeps the test requirements
+# (torch 2.14.1, transformers 4.57.1, ...) away from the Python that serves your models.
 # Needs: git, Debian's quilt and patch (installed with apt-get when run as root).
 set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$HERE"
-PY="${PYTHON:-python3}"
+if [ -n "${PYTHON:-}" ]; then
+  PY="$PYTHON"
+else
+  VENV="${SGLPATCH_TEST_VENV:-$HERE/.venv}"
+  if [ ! -x "$VENV/bin/python" ]; then
+    echo "test.sh: creating the test venv $VENV" >&2
+    python3 -m venv "$VENV"
+  fi
+  PY="$VENV/bin/python"
+fi
 if ! command -v quilt >/dev/null || ! command -v patch >/dev/null; then
   if [ "$(id -u)" = 0 ]; then
     echo "test.sh: installing quilt and patch with apt-get" >&2
@@ -13,6 +24,8 @@ if ! command -v quilt >/dev/null || ! command -v patch >/dev/null; then
     echo "test.sh: quilt/patch missing; install them (apt-get install quilt patch)" >&2; exit 2
   fi
 fi
-echo "test.sh: installing test requirements into $PY (no-op when present)" >&2
+echo "test.sh: installing test requirements into $PY (no-op when present; the first time takes minutes)" >&2
 "$PY" -m pip install -q --disable-pip-version-check -r requirements-test.txt -e ".[dev]"
+# the venv's tools (uv, black, sglpatch) on PATH, as an activated venv would have them
+export PATH="$(dirname "$(command -v "$PY")"):$PATH"
 exec "$PY" -m pytest -q -p no:cacheprovider "$@"

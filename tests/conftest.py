@@ -92,6 +92,21 @@ def patched_tree(tmp_path_factory) -> Path:
     return workdir
 
 
+def make_venv(env_dir: Path) -> Path:
+    """A venv that sees this interpreter's packages (also when this interpreter is itself a
+    venv, where system_site_packages would skip them), so that installing into it is cheap."""
+    venv.EnvBuilder(with_pip=False).create(env_dir)
+    py = env_dir / "bin" / "python"
+    site_dir = subprocess.run(
+        [str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    import site
+
+    parents = [p for p in (*site.getsitepackages(), site.getusersitepackages()) if Path(p).is_dir()]
+    (Path(site_dir) / "_sglpatch_parent.pth").write_text("\n".join(parents) + "\n")
+    return py
+
+
 @pytest.fixture(scope="session")
 def patched_python(tmp_path_factory, request) -> Path:
     """A venv (sharing this interpreter's packages) with the patched tree installed --no-deps -e.
@@ -103,9 +118,7 @@ def patched_python(tmp_path_factory, request) -> Path:
     if installed:
         return Path(installed)
     patched_tree = request.getfixturevalue("patched_tree")
-    env_dir = tmp_path_factory.mktemp("venv") / "env"
-    venv.EnvBuilder(system_site_packages=True, with_pip=False).create(env_dir)
-    py = env_dir / "bin" / "python"
+    py = make_venv(tmp_path_factory.mktemp("venv") / "env")
     cmd = [
         str(py),
         "-m",

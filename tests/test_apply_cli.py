@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-import venv
 from pathlib import Path
 
 import pytest
 
-from conftest import git, sglpatch
+from conftest import git, make_venv, sglpatch
 from sglpatch import stack
 from sglpatch.lock import read_lock, write_lock
 
@@ -59,9 +58,7 @@ def test_lock_resolve_writes_the_full_commit(project_copy, tmp_path):
 
 
 def test_apply_installs_into_the_given_python_and_reports_it(project_copy, tmp_path):
-    env_dir = tmp_path / "venv"
-    venv.EnvBuilder(system_site_packages=True, with_pip=False).create(env_dir)
-    py = env_dir / "bin" / "python"
+    py = make_venv(tmp_path / "venv")
     wd = tmp_path / "fork"
     args = ["apply", "--project", str(project_copy), "--workdir", str(wd), "--source", "sdist", "--python", str(py), "--installer", "pip"]
     proc = sglpatch(*args)
@@ -99,9 +96,7 @@ def test_relative_workdir(project_copy, tmp_path):
 
 @pytest.mark.skipif(shutil.which("uv") is None, reason="uv not installed (requirements-test.txt installs it)")
 def test_apply_installs_with_uv_like_the_user(project_copy, tmp_path):
-    env_dir = tmp_path / "venv"
-    venv.EnvBuilder(system_site_packages=True, with_pip=False).create(env_dir)
-    py = env_dir / "bin" / "python"
+    py = make_venv(tmp_path / "venv")
     wd = tmp_path / "fork"
     args = ["apply", "--project", str(project_copy), "--workdir", str(wd), "--source", "sdist", "--python", str(py), "--installer", "uv"]
     proc = sglpatch(*args)

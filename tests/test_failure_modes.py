@@ -1034,11 +1034,10 @@ def test_interrupted_or_tampered_sdist_download(fresh, sdist_059, mode):
 
 def test_pip_failing_during_install(case):
     """Real pip with no reachable index cannot get build dependencies: the tree is kept, re-run installs."""
-    import venv
+    from conftest import make_venv
 
     env_dir = case.tmp / "t" / "venv"
-    venv.EnvBuilder(system_site_packages=True, with_pip=False).create(env_dir)
-    py = env_dir / "bin" / "python"
+    py = make_venv(env_dir)
     args = ("apply", "--project", str(case.project), "--workdir", str(case.fork), "--python", str(py), "--installer", "pip")
     with open(case.project / "series", "a") as s:
         s.write("# rebuild\n")
