@@ -1024,7 +1024,8 @@ def test_interrupted_or_tampered_sdist_download(fresh, sdist_059, mode):
         assert listing(cache / "sdist") == {}, "a partial or unverified sdist was kept"
         c.outside_clean()
         index.mode = "full"
-        ok(c.apply(env=env))
+        done = ok(c.apply(env=env))
+        assert "  pip: Collecting sglang==0.5.9" in done.stderr  # the download shows progress
         assert upstream.sha256_file(cache / "sdist" / "sglang-0.5.9.tar.gz") == read_lock(c.project).sdist_sha256
         c.in_sync()
     finally:

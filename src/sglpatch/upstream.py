@@ -43,14 +43,17 @@ def cache_dir() -> Path:
 # sdist
 
 
+_PROGRESS_LINES = ("Collecting", "Downloading", "Saved", "File was already downloaded", "Successfully downloaded")
+
+
 def _run_showing_lines(cmd: list[str], prefix: str) -> subprocess.CompletedProcess:
     """Run cmd, echoing each output line to stderr (progress for a long download), keep the text."""
     lines: list[str] = []
     with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace") as proc:
         for line in proc.stdout:
             lines.append(line)
-            if line.strip() and not line.startswith("WARNING: Location"):
-                print(prefix + line.rstrip(), file=sys.stderr, flush=True)
+            if line.strip().startswith(_PROGRESS_LINES):  # the rest only goes into the error line
+                print(prefix + line.strip(), file=sys.stderr, flush=True)
     return subprocess.CompletedProcess(cmd, proc.returncode, "".join(lines), "")
 
 
