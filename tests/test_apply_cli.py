@@ -57,12 +57,16 @@ def test_lock_resolve_writes_the_full_commit(project_copy, tmp_path):
     assert proc.returncode == 1 and "upstream.commit" in proc.stderr
 
 
-def test_apply_installs_into_the_given_python_and_reports_it(project_copy, tmp_path):
+@pytest.mark.parametrize("installer", ["pip", "uv"])  # the user installs with uv
+def test_apply_installs_into_the_given_python_and_reports_it(project_copy, tmp_path, installer):
+    if shutil.which(installer) is None:
+        pytest.skip(f"{installer} not installed (requirements-test.txt installs it)")
     py = make_venv(tmp_path / "venv")
     wd = tmp_path / "fork"
-    args = ["apply", "--project", str(project_copy), "--workdir", str(wd), "--source", "sdist", "--python", str(py), "--installer", "pip"]
+    args = ["apply", "--project", str(project_copy), "--workdir", str(wd), "--source", "sdist", "--python", str(py), "--installer", installer]
     proc = sglpatch(*args)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert ("uv pip install --python" in proc.stderr) == (installer == "uv")
     assert f"imports sglang 0.5.9 from {wd.resolve()}/python/sglang/__init__.py" in proc.stdout
     assert "carries 4 patches:" in proc.stdout and "0002-pcie-custom-allreduce.patch: custom_all_reduce" in proc.stdout
     assert git(wd, "status", "--porcelain", "--untracked-files=no") == ""
@@ -92,15 +96,3 @@ def test_relative_workdir(project_copy, tmp_path):
     assert git(tmp_path / "fork", "rev-parse", "--abbrev-ref", "HEAD") == "patched"
     proc = sglpatch("export", "--project", str(project_copy), "--workdir", "fork", cwd=tmp_path)
     assert proc.returncode == 0 and "0 written" in proc.stdout, proc.stdout + proc.stderr
-
-
-@pytest.mark.skipif(shutil.which("uv") is None, reason="uv not installed (requirements-test.txt installs it)")
-def test_apply_installs_with_uv_like_the_user(project_copy, tmp_path):
-    py = make_venv(tmp_path / "venv")
-    wd = tmp_path / "fork"
-    args = ["apply", "--project", str(project_copy), "--workdir", str(wd), "--source", "sdist", "--python", str(py), "--installer", "uv"]
-    proc = sglpatch(*args)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "uv pip install --python" in proc.stderr
-    assert f"imports sglang 0.5.9 from {wd.resolve()}/python/sglang/__init__.py" in proc.stdout
-    assert git(wd, "status", "--porcelain", "--untracked-files=no") == ""

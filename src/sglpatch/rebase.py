@@ -1292,13 +1292,7 @@ def _finish_project(git, plan, outcomes, old_lock, new_lock, new_base, report_di
     res = stack.export(project_root, git.workdir)  # takes the workdir lock itself
     crashpoint("rebase:finish:export")
     project = stack.Project.load(project_root)
-    blobs = {}
-    for p in project.patches:
-        for f in p.files:
-            b = git.blob_id(new_base, f)
-            if b:
-                blobs[f] = b
-    new_lock.blobs = blobs
+    new_lock.blobs = stack.touched_blobs(git, new_base, project.patches)
     write_lock(project_root, new_lock)
     crashpoint("rebase:finish:lock")
     rel = str(report_dir.relative_to(project_root)) + "/report.md"

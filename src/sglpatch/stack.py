@@ -560,11 +560,7 @@ def check(project_root: Path, workdir: Path | None = None, source: str = "sdist"
 
     def run_on(git: Git) -> None:
         base = up.materialize(git, project.lock, source)
-        touched_upstream = set()
-        for patch in project.patches:
-            for f in patch.files:
-                if git.blob_id(base, f):
-                    touched_upstream.add(f)
+        touched_upstream = set(touched_blobs(git, base, project.patches))
         locked = set(project.lock.blobs)
         for f in sorted(touched_upstream - locked):
             problems.append(f"upstream.lock: blobs lacks {f} (touched by the series); run `sglpatch lock --update-blobs`")
@@ -583,6 +579,17 @@ def check(project_root: Path, workdir: Path | None = None, source: str = "sdist"
     return problems
 
 
+def touched_blobs(git: Git, base: str, patches: list[PatchFile]) -> dict[str, str]:
+    """path -> blob id in base, for every file the patches touch that exists there (the lock's [blobs])."""
+    blobs = {}
+    for patch in patches:
+        for f in patch.files:
+            b = git.blob_id(base, f)
+            if b:
+                blobs[f] = b
+    return blobs
+
+
 def update_blobs(project_root: Path, workdir: Path) -> dict[str, str]:
     """Recompute lock.blobs from the upstream branch for the files the series touches."""
     from sglpatch.lock import write_lock
@@ -592,12 +599,7 @@ def update_blobs(project_root: Path, workdir: Path) -> dict[str, str]:
     base = git.rev(up.UPSTREAM_BRANCH)
     if not base:
         raise SglpatchError(f"{workdir} has no {up.UPSTREAM_BRANCH} branch; run `sglpatch apply` first")
-    blobs = {}
-    for patch in project.patches:
-        for f in patch.files:
-            b = git.blob_id(base, f)
-            if b:
-                blobs[f] = b
+    blobs = touched_blobs(git, base, project.patches)
     project.lock.blobs = blobs
     write_lock(project_root, project.lock)
     return blobs
