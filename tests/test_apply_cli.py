@@ -41,6 +41,16 @@ def test_auto_source_uses_git_when_it_answers_else_sdist(project_copy, tmp_path)
     assert "source: sdist" in proc.stderr
     assert "not reachable" in proc.stderr or "did not answer" in proc.stderr
     assert git(tmp_path / "a", "rev-parse", "patched^{tree}") == git(tmp_path / "b", "rev-parse", "patched^{tree}")
+    # the URL answers but its tag is not the locked commit: auto says so and falls back to the sdist
+    lock.url, lock.commit = f"file://{mirror}", read_lock(Path(__file__).parents[1]).commit
+    write_lock(project_copy, lock)
+    proc = sglpatch("apply", "--project", str(project_copy), "--workdir", str(tmp_path / "c"), "--source", "auto", "--no-install")
+    assert proc.returncode == 0, proc.stderr
+    assert "source: git" in proc.stderr and "the git source failed (upstream.lock: field upstream.commit" in proc.stderr
+    assert git(tmp_path / "c", "rev-parse", "patched^{tree}") == git(tmp_path / "b", "rev-parse", "patched^{tree}")
+    # an explicit --source git never falls back
+    proc = sglpatch("apply", "--project", str(project_copy), "--workdir", str(tmp_path / "d"), "--source", "git", "--no-install")
+    assert proc.returncode == 1 and "upstream.commit" in proc.stderr
 
 
 def test_lock_resolve_writes_the_full_commit(project_copy, tmp_path):

@@ -76,7 +76,9 @@ def _cmd_apply(args) -> int:
             ok, why = upstream.source_reachable(args.upstream_url or lock.url, lock.tag, timeout=args.probe_timeout)
             source = "git" if ok else "sdist"
             print(f"sglpatch: source: {source} ({why})", file=sys.stderr)
-        result = stack.apply(project, workdir, source=source, force=args.force, python=args.python, url=args.upstream_url)
+        result = stack.apply(
+            project, workdir, source=source, force=args.force, python=args.python, url=args.upstream_url, sdist_fallback=args.source == "auto"
+        )
         print(result.message)
         if not args.no_install:
             print(install.install(workdir, python=args.python, installer=args.installer, version=read_lock(project).version))

@@ -357,14 +357,23 @@ def apply(
     force: bool = False,
     python: str | None = None,
     url: str | None = None,
+    sdist_fallback: bool = False,
 ) -> ApplyResult:
+    """Build ``patched``; with sdist_fallback a failing git source (network, a tag that moved,
+    a blob that differs) is reported and the registry sdist used instead (--source auto)."""
     project = Project.load(project_root)
     git = open_workdir(workdir, create=True)
     with exclusive(_lockfile(git), str(git.workdir)):
         crashpoint("apply:locked")
         shutil.rmtree(git.workdir / ".git" / up.SCRATCH, ignore_errors=True)  # left by a killed run
         _guard_workdir(git, force)
-        base = up.materialize(git, project.lock, source, python=python, url=url)
+        try:
+            base = up.materialize(git, project.lock, source, python=python, url=url)
+        except SglpatchError as e:
+            if not (sdist_fallback and source == "git"):
+                raise
+            say(f"the git source failed ({e}); using the registry sdist instead")
+            base = up.materialize(git, project.lock, "sdist", python=python)
         digest = project.digest(base)
         old_head = git.rev(PATCHED_BRANCH)
         rec_digest, rec_head = _recorded(git)

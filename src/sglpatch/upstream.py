@@ -216,8 +216,9 @@ def build_from_git(git: Git, lock: Lock, url: str | None = None) -> str:
     if not have or not _commits_match(have, lock.commit):
         say(f"fetching {tag} from {url}")
         rc, _, err = mg.run(
-            "fetch", "--no-tags", "--progress", "--end-of-options", url, f"+refs/tags/{tag}:refs/tags/{tag}", check=False, network=True,
-            progress=True,
+            # --depth=1: the pinned tree is all we need, not SGLang's whole history (minutes, GBs)
+            "fetch", "--no-tags", "--depth=1", "--progress", "--end-of-options", url, f"+refs/tags/{tag}:refs/tags/{tag}",
+            check=False, network=True, progress=True,
         )
         if rc != 0:
             last = [line for line in err.strip().splitlines() if line.strip()]
@@ -225,7 +226,7 @@ def build_from_git(git: Git, lock: Lock, url: str | None = None) -> str:
     commit = mg.rev(f"refs/tags/{tag}")
     if not commit or not _commits_match(commit, lock.commit):
         raise LockError(f"upstream.lock: field upstream.commit ({lock.commit}) does not match tag {tag} at {url} ({commit})")
-    git.run("fetch", "--no-tags", "-q", str(mirror), f"refs/tags/{tag}")
+    git.run("fetch", "--no-tags", "--depth=1", "-q", f"file://{mirror}", f"refs/tags/{tag}")
     got = git.rev("FETCH_HEAD")
     if got != commit:
         raise SglpatchError(f"fetched {got} from the clone cache, expected {commit}")
