@@ -226,15 +226,7 @@ def parse_dep3(lines: list[str]) -> dict[str, str]:
 def _touched_paths(name: str, diff_lines: list[str], strip: int) -> list[str]:
     paths: list[str] = []
 
-    def add(raw: str, prefix_expected: bool) -> None:
-        raw = _unquote_git_path(raw.split("\t")[0])
-        if raw == "/dev/null":
-            return
-        p = raw
-        if strip == 1:
-            if "/" not in p:
-                raise SeriesError(f"patch {name}: path {raw!r} has no a/ b/ prefix; is the -p level right?")
-            p = p.split("/", 1)[1]
+    def keep(p: str) -> None:
         try:
             safe_relpath(p, "path")
         except SglpatchError as e:
@@ -242,23 +234,27 @@ def _touched_paths(name: str, diff_lines: list[str], strip: int) -> list[str]:
         if p not in paths:
             paths.append(p)
 
+    def add_prefixed(raw: str) -> None:  # a diff header path: strip the -p prefix first
+        raw = _unquote_git_path(raw.split("\t")[0])
+        if raw == "/dev/null":
+            return
+        if strip == 1:
+            if "/" not in raw:
+                raise SeriesError(f"patch {name}: path {raw!r} has no a/ b/ prefix; is the -p level right?")
+            keep(raw.split("/", 1)[1])
+        else:
+            keep(raw)
+
     for line in diff_lines:
-        if line.startswith("--- ") or line.startswith("+++ "):
-            add(line[4:], True)
+        if line.startswith(("--- ", "+++ ")):
+            add_prefixed(line[4:])
         elif line.startswith(("rename from ", "copy from ", "rename to ", "copy to ")):
-            p = _unquote_git_path(line.split(" ", 2)[2])
-            try:
-                safe_relpath(p, "path")
-            except SglpatchError as e:
-                raise SeriesError(f"patch {name}: {e}") from None
-            paths.append(p) if p not in paths else None
+            keep(_unquote_git_path(line.split(" ", 2)[2]))
         elif line.startswith("diff --git "):
             m = re.match(r'^diff --git ("?a/.*"?) ("?b/.*"?)$', line)
             if m:
                 for part in m.groups():
-                    add(part, True)
-        elif line.startswith("GIT binary patch"):
-            pass
+                    add_prefixed(part)
     if not paths:
         raise SeriesError(f"patch {name} touches no files")
     return paths

@@ -304,7 +304,7 @@ class ApplyResult:
     message: str
 
 
-def _guard_workdir(git: Git, force: bool) -> None:
+def _guard_workdir(git: Git) -> None:
     index_lock = git.workdir / ".git" / "index.lock"
     if index_lock.exists():
         raise ApplyError(
@@ -366,7 +366,7 @@ def apply(
     with exclusive(_lockfile(git), str(git.workdir)):
         crashpoint("apply:locked")
         shutil.rmtree(git.workdir / ".git" / up.SCRATCH, ignore_errors=True)  # left by a killed run
-        _guard_workdir(git, force)
+        _guard_workdir(git)
         try:
             base = up.materialize(git, project.lock, source, python=python, url=url)
         except SglpatchError as e:
