@@ -382,21 +382,26 @@ def apply(
                 git.run("checkout", "-q", PATCHED_BRANCH)
             return ApplyResult(False, old_head, base, f"{PATCHED_BRANCH} is up to date ({len(project.patches)} patches)")
         t0 = time.monotonic()
-        chain = build_chain(git, project, base)
+        unexported = bool(old_head) and old_head != rec_head
+        # over commits that may be unexported work, build quietly first: a refusal must not
+        # come after progress lines that look like a rebuild
+        chain = build_chain(git, project, base, progress=not unexported)
         new_head = chain[-1] if chain else base
         if old_head == new_head:
             _record(git, digest, new_head)
             if git.current_branch() != PATCHED_BRANCH:
                 git.run("checkout", "-q", PATCHED_BRANCH)
             return ApplyResult(False, new_head, base, f"{PATCHED_BRANCH} is up to date ({len(project.patches)} patches)")
-        if old_head and old_head != rec_head:
+        if unexported:
             extra = _describe_unexported(git, old_head)
             if not force:
                 raise ApplyError(
-                    f"{PATCHED_BRANCH} in {git.workdir} has work that is not in the series ({extra}); "
+                    f"{PATCHED_BRANCH} in {git.workdir} has work that is not in the series ({extra}); nothing was changed; "
                     "run `sglpatch export` to save it into patches/, or re-run with --force to rebuild "
                     f"(the old branch is kept under {BACKUP_PREFIX}/)"
                 )
+            for k, (entry, patch) in enumerate(zip(project.series.entries, project.patches), 1):
+                say(f"[{k}/{len(chain)}] {entry.name}: {patch.subject}")
         if old_head:
             backup = f"{BACKUP_PREFIX}/{time.strftime('%Y%m%d-%H%M%S')}-{old_head[:12]}"
             git.update_ref(backup, old_head, message="sglpatch apply: previous patched")
