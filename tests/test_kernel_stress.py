@@ -169,19 +169,22 @@ def _torch():
 
 def test_mismatch_ring_finds_first_difference_without_host_sync():
     torch = _torch()
-    ring = kb.MismatchRing(torch, 4, torch.device("cpu"), torch.bfloat16)
-    ref = torch.arange(12, dtype=torch.bfloat16).view(3, 4)
+    plan = kb.group_plan([1, 3], 1)
+    ring = kb.MismatchRing(torch, 4, plan, 4, torch.device("cpu"), torch.bfloat16)
+    ref = torch.arange(16, dtype=torch.bfloat16)  # op 0: [1,4], op 1: [3,4]
     ring.record(0, ref.clone(), ref)
     bad = ref.clone()
-    bad[1, 2] += 1
-    bad[2, 3] = float("nan")
+    bad[4 + 6] += 1  # op 1, element [1,2]
+    bad[4 + 11] = float("nan")
     ring.record(1, bad, ref)
     ring.record(2, ref.clone(), ref)
-    n_bad, n_el, first = ring.read(3, 100, [1, 3], 4, rank=5)
+    n_bad, n_el, first = ring.read(3, 100, rank=5)
     assert (n_bad, n_el) == (1, 2)
-    assert first == {"iteration": 101, "rank": 5, "rows": 3, "hidden": 4, "element": [1, 2], "flat_index": 6,
-                     "got": 7.0, "nccl": 6.0, "elements_wrong": 2}
-    assert ring.read(1, 0, [1], 4, 0) == (0, 0, None)
+    # group 1, op 1 -> iteration 100 + 1 * 2 + 1
+    assert first == {"iteration": 103, "rank": 5, "rows": 3, "hidden": 4, "element": [1, 2], "flat_index": 6,
+                     "got": 11.0, "nccl": 10.0, "elements_wrong": 2}
+    assert ring.read(1, 0, 0) == (0, 0, None)
+    assert kb.group_plan([1, 3], 2) == [1, 1, 3, 3]
 
 
 def _torchrun(tmp_path, *args, timeout=180):
@@ -196,18 +199,19 @@ def _torchrun(tmp_path, *args, timeout=180):
 
 def test_worker_on_cpu_finds_the_planted_fault_in_eager_and_replay(tmp_path):
     r, doc = _torchrun(tmp_path, "--stress", "1000", "--backends", "nccl,selftest_wrong,symm_mem",
-                       "--selftest-fault", "700:1:70")
+                       "--selftest-fault", "710:1:70")
     assert r.returncode == 0, r.stdout + r.stderr
     rows = {(x["backend"], x["mode"]): x for x in doc["stress"]}
     assert set(rows) == {("selftest_wrong", "eager"), ("selftest_wrong", "graph")}
     for row in rows.values():
         f = row["first_mismatch"]
         assert row["status"] == "mismatch" and row["mismatched_iterations"] == 1 and row["mismatch_ranks"] == {"1": 1}
-        # 700 % 3 = 1 -> rows 3; flat 70 = [1, 6] at hidden 64; off by exactly one
-        assert (f["iteration"], f["rank"], f["rows"], f["element"]) == (700, 1, 3, [1, 6])
+        # groups of 24 ops (rows 1, 3, 16, 8 times each): 710 % 24 = 14 -> rows 3; element 70 = [1, 6]
+        assert (f["iteration"], f["rank"], f["rows"], f["element"]) == (710, 1, 3, [1, 6])
         assert f["got"] - f["nccl"] == 1.0 and f["elements_wrong"] == 1
-        assert row["iterations_done"] == 768 and row["stopped_early"]  # stopped at the end of that batch
-    assert "first mismatch at iteration 700 on rank 1" in r.stdout
+        # 5 groups (120 iterations) per host sync: stopped at the end of the batch holding 710
+        assert row["iterations_done"] == 720 and row["stopped_early"] and row["group"] == 24
+    assert "first mismatch at iteration 710 on rank 1" in r.stdout
     assert doc["absent"]["symm_mem"] and doc["absent"]["nccl"] == "the reference, not stressed"
 
 
@@ -238,5 +242,5 @@ def test_regress_on_cpu_mismatch_and_hang_fail_the_tier(tmp_path):
     assert res["exit_code"] == 1 and time.monotonic() - t0 < 90
     assert k["failures"][0].startswith("stress HUNG (per-step timeout 4 s; log kernel-stress.log): "
                                        "[kernel_bench] HANG rank ")
-    assert "in stress selftest_hang eager: iterations 0..499" in k["failures"][0]
+    assert "in stress selftest_hang eager: iterations 0..503" in k["failures"][0]
     assert k["stress"]["launch"]["survivors"] == []

@@ -85,6 +85,8 @@ def build_arg_parser() -> argparse.ArgumentParser:
                    help="N allreduces per non-NCCL backend and mode, each compared exactly with NCCL")
     s.add_argument("--stress-sizes", type=parse_sizes, default=STRESS_DEFAULT_SIZES,
                    help="rows cycled through by the stress iterations (default: decode/verify sizes)")
+    s.add_argument("--stress-repeat", type=int, default=8,
+                   help="back-to-back ops of each size in a group (a group = every size, this many times)")
     s.add_argument("--stress-batch", type=int, default=1024, help="iterations between host syncs")
     s.add_argument("--stress-step-timeout", type=float, default=120.0,
                    help="seconds without progress (set-up, capture or one batch) before a HANG exit 3")
@@ -596,39 +598,62 @@ class Watchdog:
                 os._exit(EXIT_HANG)
 
 
+def group_plan(sizes: list[int], repeat: int) -> list[int]:
+    """Rows of the ops of one group: each size `repeat` times back to back (as decode runs
+    many allreduces of one size in a row), then the next size."""
+    return [n for n in sizes for _ in range(repeat)]
+
+
 class MismatchRing:
-    """Per-iteration check results on the device, `batch` slots: number of elements that
-    differ, the first differing element (flat index), and both values there."""
+    """Check results on the device for `groups` groups of len(plan) ops each: per op, the
+    number of elements that differ from the reference, the first one (index inside the op's
+    output) and both values there.  A group's outputs and references are compared in one
+    pass over their concatenation; nothing here syncs with the host except read()."""
 
-    def __init__(self, torch, batch: int, device, dtype):
-        self.torch = torch
-        self.count = torch.zeros(batch, dtype=torch.int64, device=device)
-        self.first = torch.zeros(batch, dtype=torch.int64, device=device)
-        self.got = torch.zeros(batch, dtype=dtype, device=device)
-        self.want = torch.zeros(batch, dtype=dtype, device=device)
+    def __init__(self, torch, groups: int, plan: list[int], hidden: int, device, dtype):
+        self.torch, self.plan, self.hidden = torch, plan, hidden
+        g = len(plan)
+        self.offsets = [0]
+        for n in plan:
+            self.offsets.append(self.offsets[-1] + n * hidden)
+        self.numel = self.offsets[-1]
+        self.seg = torch.repeat_interleave(torch.arange(g, device=device),
+                                           torch.tensor([n * hidden for n in plan], device=device))
+        self.pos = torch.arange(self.numel, device=device)
+        self.off = torch.tensor(self.offsets[:-1], dtype=torch.int64, device=device)
+        self.count = torch.zeros((groups, g), dtype=torch.int64, device=device)
+        self.first = torch.zeros((groups, g), dtype=torch.int64, device=device)
+        self.got = torch.zeros((groups, g), dtype=dtype, device=device)
+        self.want = torch.zeros((groups, g), dtype=dtype, device=device)
 
-    def record(self, slot: int, out, ref) -> None:
-        """Compare out with ref exactly (NaN counts as different); no host sync."""
+    def record(self, slot: int, out_flat, ref_flat) -> None:
+        """Compare one group exactly (NaN counts as different)."""
         t = self.torch
-        o, r = out.reshape(-1), ref.reshape(-1)
-        neq = o.ne(r)
-        t.sum(neq, dim=0, out=self.count[slot])
-        t.argmax(neq.view(t.uint8), dim=0, out=self.first[slot])
-        t.index_select(o, 0, self.first[slot:slot + 1], out=self.got[slot:slot + 1])
-        t.index_select(r, 0, self.first[slot:slot + 1], out=self.want[slot:slot + 1])
+        neq = out_flat.ne(ref_flat)
+        cnt, fst = self.count[slot], self.first[slot]
+        cnt.zero_()
+        cnt.index_add_(0, self.seg, neq.to(t.int64))
+        fst.fill_(self.numel)
+        fst.scatter_reduce_(0, self.seg, t.where(neq, self.pos, self.numel), "amin")
+        idx = fst.clamp(max=self.numel - 1)
+        t.index_select(out_flat, 0, idx, out=self.got[slot])
+        t.index_select(ref_flat, 0, idx, out=self.want[slot])
+        fst.sub_(self.off)
 
-    def read(self, n: int, start: int, sizes: list[int], hidden: int, rank: int) -> tuple[int, int, dict | None]:
-        """One host sync: (iterations with a difference, differing elements, first difference)."""
-        counts = self.count[:n].tolist()
-        bad = [j for j, c in enumerate(counts) if c]
+    def read(self, n: int, start: int, rank: int) -> tuple[int, int, dict | None]:
+        """One host sync for n groups starting at iteration `start`: (iterations with a
+        difference, differing elements, the first difference)."""
+        g = len(self.plan)
+        counts = self.count[:n].reshape(-1).tolist()
+        bad = [k for k, c in enumerate(counts) if c]
         if not bad:
             return 0, 0, None
-        j = bad[0]
-        flat = int(self.first[j])
-        i = start + j
-        first = {"iteration": i, "rank": rank, "rows": sizes[i % len(sizes)], "hidden": hidden,
-                 "element": [flat // hidden, flat % hidden], "flat_index": flat,
-                 "got": float(self.got[j]), "nccl": float(self.want[j]), "elements_wrong": counts[j]}
+        k = bad[0]
+        s, j = divmod(k, g)
+        local = int(self.first[s, j])
+        first = {"iteration": start + k, "rank": rank, "rows": self.plan[j], "hidden": self.hidden,
+                 "element": [local // self.hidden, local % self.hidden], "flat_index": local,
+                 "got": float(self.got[s, j]), "nccl": float(self.want[s, j]), "elements_wrong": counts[k]}
         return len(bad), sum(counts), first
 
 
@@ -645,6 +670,7 @@ def merge_stress_ranks(per_rank: list[dict]) -> dict:
         "mismatch_ranks": by_rank,
         "first_mismatch": first,
         "stopped_early": any(r.get("stopped_early") for r in per_rank),
+        "group": per_rank[0].get("group"),
         "elapsed_s": round(max(r["elapsed_s"] for r in per_rank), 1),
         "status": "mismatch" if first else ("ok" if done == per_rank[0]["iterations_requested"] else "incomplete"),
     }
@@ -658,86 +684,94 @@ def describe_mismatch(backend: str, mode: str, f: dict) -> str:
 
 
 class CpuReplay:
-    """--device cpu (tests): stands in for a CUDA graph by re-running the captured step into
-    the same output tensor; the bookkeeping around it is the one the GPU run uses."""
+    """--device cpu (tests): stands in for a CUDA graph by re-running the captured group into
+    the same output tensors; the bookkeeping around it is the one the GPU run uses."""
 
     def __init__(self, fn):
         self.fn = fn
-        self.out = fn()
+        self.outs = fn()
 
     def replay(self):
-        self.out.copy_(self.fn())
+        for o, new in zip(self.outs, self.fn()):
+            o.copy_(new)
 
 
 def stress_one(backend: Backend, ctx, mode: str, sizes: list[int], wd: Watchdog) -> dict:
-    """N iterations of one backend in one mode on this rank; see the section comment."""
+    """The stress run of one backend in one mode on this rank.  Iterations go in groups:
+    the group's ops run back to back (fresh inputs drawn on the device, then the backend's
+    allreduce; eager, or one CUDA graph of the whole group replayed), then NCCL reduces the
+    same inputs in one call and one pass compares all of them on the device."""
     torch, dist, args = ctx.torch, ctx.dist, ctx.args
-    n_iter, batch, hidden = args.stress, args.stress_batch, ctx.hidden
+    hidden = ctx.hidden
+    plan = group_plan(sizes, args.stress_repeat)
+    g = len(plan)
+    n_groups = -(-args.stress // g)  # N rounded up to whole groups
+    n_iter = n_groups * g
+    per_batch = max(1, args.stress_batch // g)
     label = f"stress {backend.name}{args.name_suffix} {mode}"
     torch.manual_seed(args.stress_seed * 1009 + ctx.rank)
     b = value_bound(ctx.world_size)
-    it_t = torch.zeros((), dtype=torch.int64, device=ctx.device)
-    xs = {n: torch.zeros((n, hidden), dtype=torch.bfloat16, device=ctx.device) for n in sizes}
-    refs = {n: torch.zeros_like(xs[n]) for n in sizes}
+    its = torch.zeros(g, dtype=torch.int64, device=ctx.device)  # iteration number of each op
+    steps = torch.arange(g, dtype=torch.int64, device=ctx.device)
+    xs = [torch.zeros((n, hidden), dtype=torch.bfloat16, device=ctx.device) for n in plan]
+    ring = MismatchRing(torch, per_batch, plan, hidden, ctx.device, torch.bfloat16)
+    x_flat = torch.zeros(ring.numel, dtype=torch.bfloat16, device=ctx.device)
+    out_flat = torch.zeros_like(x_flat)
 
-    def step(n):  # the part under test: a fresh input drawn on the device, the backend's allreduce
-        x = xs[n]
-        x.random_(-b, b + 1)
-        return backend.stress_op(x, it_t)
+    def group():  # the part under test
+        outs = []
+        for j, x in enumerate(xs):
+            x.random_(-b, b + 1)
+            outs.append(backend.stress_op(x, its[j]))
+        return outs
 
     wd.beat(f"{label}: set-up")
     if mode == "eager":
-        def run_one(n):
-            return step(n)
+        run_group = group
     elif ctx.is_cuda:
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             for _ in range(2):
-                for n in sizes:
-                    step(n)
+                group()
         torch.cuda.current_stream().wait_stream(side)
         torch.cuda.synchronize()
-        graphs, outs = {}, {}
         wd.beat(f"{label}: CUDA-graph capture")
+        graph = torch.cuda.CUDAGraph()
         with backend.capture_ctx():
-            for n in sizes:
-                g = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(g, capture_error_mode="thread_local"):
-                    outs[n] = step(n)
-                graphs[n] = g
+            with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+                static_outs = group()
         torch.cuda.synchronize()
 
-        def run_one(n):
-            graphs[n].replay()
-            return outs[n]
+        def run_group():
+            graph.replay()
+            return static_outs
     else:
-        replays = {n: CpuReplay(lambda n=n: step(n)) for n in sizes}
+        replay = CpuReplay(group)
 
-        def run_one(n):
-            replays[n].replay()
-            return replays[n].out
-    ring = MismatchRing(torch, batch, ctx.device, torch.bfloat16)
+        def run_group():
+            replay.replay()
+            return replay.outs
     dist.barrier(group=ctx.cpu_group)
     res = {"iterations_requested": n_iter, "iterations_done": 0, "mismatched_iterations": 0,
-           "mismatched_elements": 0, "first_mismatch": None, "stopped_early": False}
+           "mismatched_elements": 0, "first_mismatch": None, "stopped_early": False, "group": g}
     t0 = last = time.monotonic()
     done = 0
     while done < n_iter:
-        nb = min(batch, n_iter - done)
-        wd.beat(f"{label}: iterations {done}..{done + nb - 1}")
-        for j in range(nb):
-            i = done + j
-            n = sizes[i % len(sizes)]
-            backend.before_iteration(i)
-            it_t.fill_(i)
-            out = run_one(n)
-            ref = refs[n]
-            ref.copy_(xs[n])
-            dist.all_reduce(ref)  # NCCL (gloo in --device cpu) on the same input: the reference
-            ring.record(j, out, ref)
-        n_bad, n_el, first = ring.read(nb, done, sizes, hidden, ctx.rank)
-        done += nb
+        nb = min(per_batch, (n_iter - done) // g)
+        wd.beat(f"{label}: iterations {done}..{done + nb * g - 1}")
+        for s in range(nb):
+            start = done + s * g
+            for i in range(start, start + g):
+                backend.before_iteration(i)
+            torch.add(steps, start, out=its)
+            outs = run_group()
+            torch.cat([x.view(-1) for x in xs], out=x_flat)
+            torch.cat([o.reshape(-1) for o in outs], out=out_flat)
+            dist.all_reduce(x_flat)  # NCCL (gloo in --device cpu) on the same inputs: the reference
+            ring.record(s, out_flat, x_flat)
+        n_bad, n_el, first = ring.read(nb, done, ctx.rank)
+        done += nb * g
         res["iterations_done"] = done
         res["mismatched_iterations"] += n_bad
         res["mismatched_elements"] += n_el
@@ -800,8 +834,9 @@ def run_stress(ctx, wanted: list[str], modes: list[str], log) -> dict:
             backend.close()
             continue
         for mode in modes:
-            log(f"stress {label} {mode}: {args.stress} iterations over rows {sizes} x {ctx.hidden} bf16, "
-                f"checked against NCCL every iteration")
+            log(f"stress {label} {mode}: {args.stress} iterations in groups of {len(sizes) * args.stress_repeat} "
+                f"back-to-back ops (rows {sizes} x {ctx.hidden} bf16, {args.stress_repeat} each), every result "
+                f"checked against NCCL")
             try:
                 local = stress_one(backend, ctx, mode, sizes, wd)
                 local["exc"] = None
@@ -1017,8 +1052,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.device == "cpu" and args.stress <= 0:
         parser.error("--device cpu runs only the stress mode (give --stress N)")
-    if args.stress_batch <= 0:
-        parser.error("--stress-batch must be positive")
+    if args.stress_batch <= 0 or args.stress_repeat <= 0:
+        parser.error("--stress-batch and --stress-repeat must be positive")
     if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
         print("kernel_bench: run me under torchrun (RANK/WORLD_SIZE unset), e.g.\n"
               "  torchrun --standalone --nproc-per-node 2 -m sglpatch.kernel_bench --out kb.json",
