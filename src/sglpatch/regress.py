@@ -806,9 +806,11 @@ def kernel_markdown(d: dict, prof: dict) -> list[str]:
 def stress_markdown(st: dict) -> list[str]:
     rows = st.get("stress") or []
     md = ["### Stress: every result compared exactly with NCCL", "",
-          f"{st.get('iterations')} iterations per backend and mode; rows cycle through {st.get('sizes')}; "
-          f"fresh integer inputs in [-{st.get('value_bound')}, {st.get('value_bound')}] each iteration, "
-          f"reference {st.get('reference')}; per-step timeout {st.get('step_timeout_s')} s.", "",
+          f"{st.get('iterations')} iterations per backend and mode (rounded up to whole groups), in groups of "
+          f"back-to-back ops over rows {st.get('sizes')}; fresh integer inputs in "
+          f"[-{st.get('value_bound')}, {st.get('value_bound')}] every iteration, so every sum is exact; each "
+          f"result compared exactly with {st.get('reference')} on the same input; per-step timeout "
+          f"{st.get('step_timeout_s')} s.", "",
           "| backend | mode | iterations done | mismatched iterations | first mismatch | elapsed s | it/s |",
           "|---|---|---|---|---|---|---|"]
     for r in rows:
