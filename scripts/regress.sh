@@ -2,6 +2,7 @@
 # Thin entry point for the container: sglpatch regress with sensible defaults.
 #   scripts/regress.sh --tier kernel                      # profile from $SGLPATCH_PROFILE or the target
 #   scripts/regress.sh --tier all --report /data/regress/run1
+#   scripts/regress.sh --tier kernel --stress [N]          # + N custom-allreduce results checked against NCCL
 # Exit: 0 pass, 1 regression, 125 cannot run here (git bisect run skips).
 set -euo pipefail
 export PYTHONUNBUFFERED=1

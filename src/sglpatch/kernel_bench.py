@@ -20,6 +20,12 @@ different buffers) between two CUDA events, divided by --inner; ranks are aligne
 on a CPU barrier before each sample; a sample's time is that of the rank whose
 events show the least time (the last to arrive, which waited for no other).  The
 report gives the median and p90 over --samples samples, in microseconds.
+
+--stress N instead: every non-NCCL backend, N allreduces eager and N as CUDA-graph replays
+(groups of back-to-back ops), each result compared exactly with NCCL's allreduce of the same
+input; the first mismatch is named by iteration, rank and element; a step without progress
+for --stress-step-timeout s ends the run with a HANG line (exit 3).  --device cpu runs it
+under gloo on CPU tensors (the CPU tests).  See the "stress" section below.
 """
 
 from __future__ import annotations
