@@ -244,3 +244,12 @@ def test_regress_on_cpu_mismatch_and_hang_fail_the_tier(tmp_path):
                                        "[kernel_bench] HANG rank ")
     assert "in stress selftest_hang eager: iterations 0..503" in k["failures"][0]
     assert k["stress"]["launch"]["survivors"] == []
+
+
+def test_kernel_report_says_what_a_latency_sample_is():
+    prof = regress.load_profile(None)
+    rows = [{"backend": "nccl", "mode": "graph", "rows": 3, "hidden": 7168, "status": "ok", "median_us": 9.0,
+             "p90_us": 9.5}]
+    md = "\n".join(regress.kernel_markdown({"hardware": {}, "results": rows, "sizes": [3], "hidden": 7168}, prof))
+    assert "slowest rank" not in md
+    assert "the last-arriving rank's, i.e. the least over the ranks" in md
