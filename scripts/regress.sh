@@ -3,6 +3,7 @@
 #
 #   scripts/regress.sh --tier kernel                      # profile from $SGLPATCH_PROFILE or the target
 #   scripts/regress.sh --tier all --report /data/regress/run1
+#   scripts/regress.sh --tier kernel --stress [N]          # + N custom-allreduce results checked against NCCL
 #
 # Profile: --profile, else $SGLPATCH_PROFILE, else rtx6000x8-kimi-k25; --report DIR, else
 # $SGLPATCH_REGRESS_DIR/<UTC time> when that is set, else ./regress-<UTC time>.

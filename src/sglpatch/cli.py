@@ -241,6 +241,13 @@ def _add_profile_report(sub) -> None:
     p.set_defaults(func=run)
 
 
+def _stress_count(text: str) -> int:
+    n = int(text) if text.isdigit() else 0
+    if n <= 0:
+        raise argparse.ArgumentTypeError(f"--stress wants a positive number of iterations, not {text!r}")
+    return n
+
+
 def _add_regress(sub) -> None:
     p = sub.add_parser(
         "regress",
@@ -259,6 +266,9 @@ def _add_regress(sub) -> None:
     p.add_argument("--report", help="report folder (default: ./regress-<UTC time>)")
     p.add_argument("--baseline", help="a previous report.json to compare kernel latencies with (same hardware only)")
     p.add_argument("--project", help="project root holding targets/ and tests/ (default: found from cwd)")
+    p.add_argument("--stress", type=_stress_count, nargs="?", const=-1, default=None, metavar="N",
+                   help="tier kernel also runs N allreduces per non-NCCL backend and mode, each compared exactly "
+                   "with NCCL (N omitted: the profile's [kernel] stress_iterations, 1000000 on the target)")
 
     def _run(args) -> int:
         from sglpatch.regress import run_regress
@@ -267,8 +277,10 @@ def _add_regress(sub) -> None:
         for flag in ("profile", "report", "baseline", "project"):
             if getattr(args, flag):
                 argv += [f"--{flag}", getattr(args, flag)]
+        if args.stress is not None:
+            argv += ["--stress"] + ([str(args.stress)] if args.stress >= 0 else [])
         res = run_regress(tier=args.tier, profile=args.profile, report=args.report,
-                          project=args.project, baseline=args.baseline, argv=argv)
+                          project=args.project, baseline=args.baseline, argv=argv, stress=args.stress)
         for name, status, summary, failures in res["tiers"]:
             print(f"tier {name}: {status}: {summary}")
             for f in failures[:20]:
