@@ -218,16 +218,21 @@ def _add_regress(sub) -> None:
     p.add_argument("--report", help="report folder (default: ./regress-<UTC time>)")
     p.add_argument("--baseline", help="a previous report.json to compare kernel latencies with (same hardware only)")
     p.add_argument("--project", help="project root holding targets/ and tests/ (default: found from cwd)")
+    p.add_argument("--modes", help="server tier: run these [[server.modes]] (comma-separated, or 'all'); "
+                   "default: every mode not marked optional")
+    p.add_argument("--parity-with", metavar="REPORT_DIR",
+                   help="server tier: greedy outputs of each mode must equal those of the same mode in REPORT_DIR")
 
     def _run(args) -> int:
         from sglpatch.regress import run_regress
 
         argv = ["sglpatch", "regress", "--tier", args.tier]
-        for flag in ("profile", "report", "baseline", "project"):
+        for flag in ("profile", "report", "baseline", "project", "modes", "parity_with"):
             if getattr(args, flag):
-                argv += [f"--{flag}", getattr(args, flag)]
+                argv += [f"--{flag.replace('_', '-')}", getattr(args, flag)]
         res = run_regress(tier=args.tier, profile=args.profile, report=args.report,
-                          project=args.project, baseline=args.baseline, argv=argv)
+                          project=args.project, baseline=args.baseline, argv=argv,
+                          modes=args.modes, parity_with=args.parity_with)
         for name, status, summary, failures in res["tiers"]:
             print(f"tier {name}: {status}: {summary}")
             for f in failures[:20]:
