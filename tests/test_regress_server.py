@@ -81,7 +81,6 @@ def server_profile(port, standin_args, pidfile, python, model, bench_env, *, hea
                "--random-seed", "{{seed}}", "--pid-file", "{pidfile}"]
     launch_args = {standin_args}
     health_timeout_s = {health_timeout}
-    request_timeout_s = 20
     stop_grace_s = 1.0
     poll_s = 0.1
     [server.env]
@@ -269,6 +268,7 @@ def test_parity_between_modes_and_with_an_earlier_report(serve, tmp_path):
     first = p2["first_difference"]
     order = regress_server.bench_order(len(PROMPTS), len(PROMPTS), 1234)
     assert first["request"] == 0 and first["prompt"] == PROMPTS[order[0]] and first["common_prefix_words"] == 5
+    assert first["token"] == 5  # counted with the model's tokenizer (one word = one token here)
     assert any(f.startswith("parity P2: request 0") for f in srv["failures"])
     assert "**DIFFERS**" in (tmp_path / "r1" / "report.md").read_text()
     assert all(m["status"] == "ok" for m in srv["modes"])  # the speed side passed: only parity failed

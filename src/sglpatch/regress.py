@@ -63,7 +63,7 @@ SERVER_DEFAULTS: dict = {
     "python": None, "host": "127.0.0.1", "port": 30000, "tp": 1, "model_path": "", "seed": 1234,
     "command": ["{python}", "-m", "sglang.launch_server", "--model-path", "{model_path}",
                 "--tp", "{tp}", "--host", "{host}", "--port", "{port}", "--random-seed", "{seed}"],
-    "launch_args": [], "health_timeout_s": 3600, "request_timeout_s": 900, "stop_grace_s": 30,
+    "launch_args": [], "health_timeout_s": 3600, "stop_grace_s": 30,
     "poll_s": 2.0, "env": {},
     # measured with `python -m sglang.bench_serving` (see regress_server.bench_command);
     # num_requests None = one request per prompt (prompts are distinct: no radix-cache hits)

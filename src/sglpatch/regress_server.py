@@ -420,8 +420,27 @@ def first_difference(a: list[str], b: list[str]) -> dict | None:
     return None
 
 
+def token_differ(python: str, tokenizer: str, env: dict):
+    """first(a, b) -> index of the first differing token of two texts, both retokenized with the
+    model's tokenizer (the one bench_serving loads), or None when it cannot be loaded; best
+    effort, for the report (bench_serving records text, not token ids)."""
+    code = ("import sys, json; from transformers import AutoTokenizer; "
+            "t = AutoTokenizer.from_pretrained(sys.argv[1], trust_remote_code=True); "
+            "a, b = (t.encode(x, add_special_tokens=False) for x in json.load(sys.stdin)); "
+            "print(next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b))))")
+
+    def first(a: str, b: str) -> int | None:
+        with contextlib.suppress(OSError, subprocess.TimeoutExpired, ValueError, IndexError):
+            p = subprocess.run([python, "-c", code, tokenizer], input=json.dumps([a, b]), env=env,
+                               capture_output=True, text=True, timeout=300)
+            return int(p.stdout.split()[-1]) if p.returncode == 0 else None
+        return None
+
+    return first
+
+
 def compare_outputs(name: str, a_label: str, a_texts, b_label: str, b_texts, prompts: list[str],
-                    order: list[int]) -> dict:
+                    order: list[int], first_token=None) -> dict:
     res = {"name": name, "a": a_label, "b": b_label}
     if a_texts is None or b_texts is None:
         missing = [lbl for lbl, t in ((a_label, a_texts), (b_label, b_texts)) if t is None]
@@ -434,8 +453,12 @@ def compare_outputs(name: str, a_label: str, a_texts, b_label: str, b_texts, pro
         return res
     i = diff["request"]
     prompt = prompts[order[i]] if i < len(order) and order[i] < len(prompts) else "?"
+    if first_token and i < min(len(a_texts), len(b_texts)):
+        diff["token"] = first_token(a_texts[i], b_texts[i])
+    where = (f"token {diff['token']} (retokenized), " if diff.get("token") is not None else "") + \
+        f"character {diff['char']}"
     res.update(status="differ", first_difference={**diff, "prompt": prompt},
-               detail=(f"request {i} (prompt {prompt[:60]!r}) differs at character {diff['char']} "
+               detail=(f"request {i} (prompt {prompt[:60]!r}) differs at {where} "
                        f"(after {diff['common_prefix_words']} equal words): {a_label} …{diff['a']!r}… vs "
                        f"{b_label} …{diff['b']!r}…"))
     return res
@@ -485,7 +508,8 @@ def tier_server(prof: dict, project: Path, report_dir: Path, base_env: dict, mod
     results = [run_server_mode(srv, mode, report_dir, base_env, python, prompts_file) for mode in selected]
     tr.data["modes"] = results
     tr.md = mode_table(tr, srv, selected, results)
-    tr.data["parity"] = parity_checks(tr, srv, report_dir, results, old, parity_with, digest)
+    first_token = token_differ(python, _expand(bench.get("tokenizer") or srv["model_path"]), base_env)
+    tr.data["parity"] = parity_checks(tr, srv, report_dir, results, old, parity_with, digest, first_token)
     tr.md += parity_markdown(tr.data["parity"]) + served_markdown(tr.data["served_by"], results)
     tr.md += ["", "Commands and logs (rerun a benchmark by hand against a running server with the "
               "bench command):"]
@@ -494,7 +518,9 @@ def tier_server(prof: dict, project: Path, report_dir: Path, base_env: dict, mod
                      f"tracked pids {len(m.get('tracked_pids', []))}, survivors {m.get('survivors')}); env added "
                      f"{m.get('env_added')}")
         if m.get("bench_command"):
-            tr.md.append(f"  - bench: `{shlex.join(m['bench_command'])}` (log `{m.get('bench_log')}`)")
+            benv = srv["benchmark"].get("env") or {}
+            tr.md.append(f"  - bench: `{shlex.join(m['bench_command'])}` (log `{m.get('bench_log')}`"
+                         + (f", env added {benv}" if benv else "") + ")")
     if tr.status != "fail":
         tr.status = "pass"
     tr.summary = "; ".join(f"{m['mode']}: {_fmt((m.get('benchmark') or {}).get('single_stream_tok_s'))} tok/s"
@@ -561,7 +587,7 @@ def mode_table(tr: TierResult, srv: dict, cfgs: list[dict], modes: list[dict]) -
 
 
 def parity_checks(tr: TierResult, srv: dict, report_dir: Path, modes: list[dict], old: dict | None,
-                  old_dir: str | None, digest: str) -> list[dict]:
+                  old_dir: str | None, digest: str, first_token=None) -> list[dict]:
     by_name = {m["mode"]: m for m in modes}
     bench = srv["benchmark"]
     order = bench_order(len(bench["prompts"]), num_requests(bench), int(srv["seed"]))
@@ -573,7 +599,7 @@ def parity_checks(tr: TierResult, srv: dict, report_dir: Path, modes: list[dict]
                         "detail": "not both modes ran (select them with --modes " f"{pair['a']},{pair['b']})"})
             continue
         out.append(compare_outputs(pair["name"], pair["a"], read_texts(report_dir, a), pair["b"],
-                                   read_texts(report_dir, b), bench["prompts"], order))
+                                   read_texts(report_dir, b), bench["prompts"], order, first_token))
     if old is not None:
         old_srv = (old.get("tiers") or {}).get("server") or {}
         old_modes = {m["mode"]: m for m in old_srv.get("modes", [])}
@@ -587,7 +613,7 @@ def parity_checks(tr: TierResult, srv: dict, report_dir: Path, modes: list[dict]
             else:
                 out.append(compare_outputs(name, f"{old_dir}:{m['mode']}", read_texts(old_dir, old_modes[m["mode"]]),
                                            f"this run:{m['mode']}", read_texts(report_dir, m),
-                                           bench["prompts"], order))
+                                           bench["prompts"], order, first_token))
     for p in out:
         if p["status"] in ("differ", "fail"):
             tr.fail(f"parity {p['name']}: {p['detail']}")
