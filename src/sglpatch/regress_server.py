@@ -536,8 +536,9 @@ def mode_table(tr: TierResult, srv: dict, cfgs: list[dict], modes: list[dict]) -
     tol = float(base.get("tolerance", 0.05))
     ref = base.get("no_spec_tok_s")
     floor = ref * (1 - tol) if ref else None
+    chat = "chat-templated " if srv["benchmark"].get("apply_chat_template", True) else "raw (no chat template) "
     md = [f"Measured with SGLang's own `python -m sglang.bench_serving` (greedy, `--max-concurrency 1`, "
-          f"{num_requests(srv['benchmark'])} distinct chat-templated prompts, radix cache flushed after the "
+          f"{num_requests(srv['benchmark'])} distinct {chat}prompts, radix cache flushed after the "
           "warm-up). Columns are bench_serving's metrics by their names; **single-stream tok/s = 1000 / "
           "median TPOT** is derived here (TPOT excludes the first token) and is the number compared with the "
           f"profile's baseline of {ref} tok/s (tolerance {tol:.0%}), a single-stream decode rate. SGLang's "
