@@ -332,3 +332,13 @@ def test_unknown_mode_and_bad_parity_pair_are_usage_errors(serve, tmp_path):
         serve(modes_sel="nope")
     with pytest.raises(regress.SglpatchError, match="parity"):
         serve(extra='[[server.parity]]\nname = "x"\na = "no_spec"\nb = "missing"\n')
+
+
+def test_cli_modes_and_parity_with_usage_errors_are_one_line(capsys, tmp_path):
+    from sglpatch.cli import main as cli_main
+
+    base = ["regress", "--tier", "server", "--profile", "rtx6000x8-kimi-k25", "--project", str(ROOT)]
+    for extra, msg in ((["--modes", "nope"], "unknown mode"), (["--parity-with", str(tmp_path)], "no report.json")):
+        rc = cli_main([*base, "--report", str(tmp_path / "r"), *extra])
+        err = capsys.readouterr().err.strip()
+        assert rc == 2 and err.startswith("sglpatch: error:") and msg in err and "\n" not in err
