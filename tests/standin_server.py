@@ -13,7 +13,8 @@ Output is greedy-like: the words of a completion are a fixed function of the pro
 the position (sha256), so two runs give the same text.  --perturb-env NAME changes the
 word at --perturb-pos when the environment variable NAME is set to a value other than
 "" / "0" (a stand-in for a patch that changes the numerics), for the parity tests.
---fail-after N logs "RuntimeError: NCCL error" at request N+1 and never answers it.
+--fail-after N logs "RuntimeError: NCCL error" at request N+1 and never answers it;
+--hang-after N never answers request N+1 and logs nothing (a silent deadlock).
 
 Modes (--mode):
   fast   healthy at once
@@ -148,6 +149,9 @@ class Handler(BaseHTTPRequestHandler):
             log("RuntimeError: NCCL error: unhandled system error (standin --fail-after)")
             while True:
                 time.sleep(1)
+        if ARGS.hang_after is not None and nth > ARGS.hang_after:
+            while True:  # a silent deadlock: nothing in the log, no answer
+                time.sleep(1)
         prompt = req.get("text", req.get("input_ids", ""))
         max_new = int(req.get("sampling_params", {}).get("max_new_tokens", 16))
         log(f"standin: POST /generate max_new_tokens={max_new} prompt={str(prompt)[:80]!r}")
@@ -210,6 +214,7 @@ def main() -> int:
     p.add_argument("--perturb-env", default="")
     p.add_argument("--perturb-pos", type=int, default=7)
     p.add_argument("--fail-after", type=int, help="log an NCCL error and hang from the request after N")
+    p.add_argument("--hang-after", type=int, help="hang silently from the request after N")
     # SGLang flags recorded in /get_server_info
     p.add_argument("--tp", type=int, default=1)
     p.add_argument("--random-seed", type=int)

@@ -66,7 +66,7 @@ def bench_env(patched_python) -> str:
 
 
 def server_profile(port, standin_args, pidfile, python, model, bench_env, *, health_timeout=20, modes=None,
-                   extra="") -> str:
+                   extra="", bench_timeout=120) -> str:
     modes = modes or '[[server.modes]]\nname = "no_spec"\nargs = []\n'
     return textwrap.dedent(f"""
     [target]
@@ -88,7 +88,7 @@ def server_profile(port, standin_args, pidfile, python, model, bench_env, *, hea
     [server.benchmark]
     warmup_requests = 1
     max_new_tokens = 24
-    timeout_s = 120
+    timeout_s = {bench_timeout}
     prompts = {json.dumps(PROMPTS)}
     [server.benchmark.env]
     {bench_env}
@@ -238,6 +238,14 @@ def test_server_dying_during_the_benchmark_stops_it_and_cleans_up(serve):
     m = doc["tiers"]["server"]["modes"][0]
     assert res["exit_code"] == 1 and took < 60
     assert "server crashed during the benchmark" in m["error"] and "NCCL error" in m["error"]
+    assert_all_gone(doc, pids)
+
+
+def test_server_hanging_during_the_benchmark_is_killed_and_cleaned_up(serve):
+    res, doc, took, pids = serve('["--mode", "fast", "--hang-after", "2"]', bench_timeout=20)
+    m = doc["tiers"]["server"]["modes"][0]
+    assert res["exit_code"] == 1 and 20 <= took < 60
+    assert "benchmark still running after 20.0 s (killed)" in m["error"] and "server alive: True" in m["error"]
     assert_all_gone(doc, pids)
 
 
