@@ -1,9 +1,20 @@
 """A small real HTTP server standing in for `python -m sglang.launch_server` in tests.
 
-Endpoints like SGLang's: GET /health (200 once "loaded", 503 before), POST /generate
-(non-streaming JSON, or `"stream": true` server-sent events ending in `data: [DONE]`,
-with meta_info.completion_tokens and, when speculating, spec_verify_ct), GET
-/get_server_info (internal_states[0].avg_spec_accept_length).
+It speaks every endpoint `python -m sglang.bench_serving --backend sglang` (0.5.9) calls:
+GET /health (200 once "loaded", 503 before), GET /v1/models (the --model-path as the
+served model), POST /generate (non-streaming JSON, or `"stream": true` server-sent events
+with the cumulative text and meta_info.completion_tokens, spec_verify_ct when speculating,
+ending in `data: [DONE]`), GET|POST /flush_cache, and GET /get_server_info (the server
+args it was started with as SGLang's flat dict, internal_states[0].avg_spec_accept_length,
+version).  Each request is logged ("standin: POST /generate prompt=...") so a test can see
+what the benchmark sent.
+
+Output is greedy-like: the words of a completion are a fixed function of the prompt and
+the position (sha256), so two runs give the same text.  --perturb-env NAME changes the
+word at --perturb-pos when the environment variable NAME is set to a value other than
+"" / "0" (a stand-in for a patch that changes the numerics), for the parity tests.
+--fail-after N logs "RuntimeError: NCCL error" at request N+1 and never answers it;
+--hang-after N never answers request N+1 and logs nothing (a silent deadlock).
 
 Modes (--mode):
   fast   healthy at once
@@ -23,6 +34,7 @@ it appends P4-style JSON lines per request.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import signal
@@ -34,6 +46,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 LOADED = threading.Event()
 ARGS = None
+GENERATED = [0]
+COUNT_LOCK = threading.Lock()
 
 GRANDCHILD = (
     "import signal, time, os\n"
@@ -52,6 +66,32 @@ def log(msg: str) -> None:
     print(msg, flush=True)
 
 
+def completion(prompt: str, n: int) -> str:
+    """The first n words of the completion of prompt: fixed per (prompt, position)."""
+    words = []
+    perturb = ARGS.perturb_env and os.environ.get(ARGS.perturb_env, "") not in ("", "0")
+    for i in range(n):
+        k = int(hashlib.sha256(f"{prompt}\0{i}".encode()).hexdigest()[:8], 16) % 200
+        if perturb and i == ARGS.perturb_pos:
+            k = (k + 1) % 200
+        words.append(f"w{k}")
+    return " ".join(words)
+
+
+def server_info() -> dict:
+    """Like SGLang's: the server args (flat), scheduler info, internal states, version."""
+    st = {"avg_spec_accept_length": ARGS.accept_length} if ARGS.accept_length > 1 else {}
+    args = {"model_path": ARGS.model_path, "tp_size": ARGS.tp, "random_seed": ARGS.random_seed,
+            "speculative_algorithm": ARGS.speculative_algorithm,
+            "speculative_num_steps": ARGS.speculative_num_steps,
+            "speculative_eagle_topk": ARGS.speculative_eagle_topk,
+            "speculative_num_draft_tokens": ARGS.speculative_num_draft_tokens,
+            "speculative_draft_model_path": ARGS.speculative_draft_model_path,
+            "enable_flashinfer_allreduce_fusion": ARGS.enable_flashinfer_allreduce_fusion,
+            "cuda_graph_max_bs": 8}
+    return {**args, "max_total_num_tokens": 4096, "internal_states": [st], "version": "0.0.0-standin"}
+
+
 class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
 
@@ -66,22 +106,55 @@ class Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(data)
 
+    def _text(self, code: int, text: str) -> None:
+        data = text.encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "text/plain")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
     def do_GET(self):
         if self.path == "/health":
             self._json(200 if LOADED.is_set() else 503, {})
-        elif self.path == "/get_server_info":
-            st = {"avg_spec_accept_length": ARGS.accept_length} if ARGS.accept_length > 1 else {}
-            self._json(200, {"internal_states": [st], "version": "standin"})
+        elif self.path in ("/get_server_info", "/server_info"):
+            self._json(200, server_info())
+        elif self.path == "/v1/models":
+            self._json(200, {"object": "list", "data": [{"id": ARGS.model_path, "object": "model",
+                                                         "root": ARGS.model_path, "max_model_len": 4096}]})
+        elif self.path == "/flush_cache":
+            self._flush()
         else:
             self._json(404, {"error": self.path})
 
+    def _flush(self) -> None:
+        log("standin: POST /flush_cache")
+        self._text(200, "Cache flushed.\n")
+
     def do_POST(self):
+        n = int(self.headers.get("Content-Length", 0))
+        body = self.rfile.read(n) if n else b""
+        if self.path == "/flush_cache":
+            self._flush()
+            return
         if self.path != "/generate":
             self._json(404, {"error": self.path})
             return
-        n = int(self.headers.get("Content-Length", 0))
-        req = json.loads(self.rfile.read(n) or b"{}")
+        req = json.loads(body or b"{}")
+        with COUNT_LOCK:
+            GENERATED[0] += 1
+            nth = GENERATED[0]
+        if ARGS.fail_after is not None and nth > ARGS.fail_after:
+            # like a rank dying mid-run: a fatal line in the log, the request never answered
+            log("RuntimeError: NCCL error: unhandled system error (standin --fail-after)")
+            while True:
+                time.sleep(1)
+        if ARGS.hang_after is not None and nth > ARGS.hang_after:
+            while True:  # a silent deadlock: nothing in the log, no answer
+                time.sleep(1)
+        prompt = req.get("text", req.get("input_ids", ""))
         max_new = int(req.get("sampling_params", {}).get("max_new_tokens", 16))
+        log(f"standin: POST /generate max_new_tokens={max_new} prompt={str(prompt)[:80]!r}")
         spec = ARGS.accept_length > 1
         step_tokens = max(1, int(round(ARGS.accept_length))) if spec else 1
         step_s = step_tokens / ARGS.tok_s
@@ -96,7 +169,7 @@ class Handler(BaseHTTPRequestHandler):
             meta = {"completion_tokens": produced, "prompt_tokens": 8, "e2e_latency": time.perf_counter() - t0}
             if spec:
                 meta["spec_verify_ct"] = verify_ct
-            chunks.append({"text": "x" * produced, "meta_info": meta})
+            chunks.append({"text": completion(str(prompt), produced), "meta_info": meta})
             if req.get("stream"):
                 if len(chunks) == 1:
                     self.send_response(200)
@@ -137,6 +210,20 @@ def main() -> int:
     p.add_argument("--ttft-s", type=float, default=0.01)
     p.add_argument("--accept-length", type=float, default=1.0)
     p.add_argument("--pid-file")
+    p.add_argument("--model-path", default="standin")
+    p.add_argument("--perturb-env", default="")
+    p.add_argument("--perturb-pos", type=int, default=7)
+    p.add_argument("--fail-after", type=int, help="log an NCCL error and hang from the request after N")
+    p.add_argument("--hang-after", type=int, help="hang silently from the request after N")
+    # SGLang flags recorded in /get_server_info
+    p.add_argument("--tp", type=int, default=1)
+    p.add_argument("--random-seed", type=int)
+    p.add_argument("--speculative-algorithm")
+    p.add_argument("--speculative-num-steps", type=int)
+    p.add_argument("--speculative-eagle-topk", type=int)
+    p.add_argument("--speculative-num-draft-tokens", type=int)
+    p.add_argument("--speculative-draft-model-path")
+    p.add_argument("--enable-flashinfer-allreduce-fusion", action="store_true")
     ARGS, _extra = p.parse_known_args()  # accept SGLang-style flags we do not use
 
     log(f"standin server pid {os.getpid()} mode {ARGS.mode} args {sys.argv[1:]}")

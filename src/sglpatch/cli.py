@@ -269,18 +269,23 @@ def _add_regress(sub) -> None:
     p.add_argument("--stress", type=_stress_count, nargs="?", const=-1, default=None, metavar="N",
                    help="tier kernel also runs N allreduces per non-NCCL backend and mode, each compared exactly "
                    "with NCCL (N omitted: the profile's [kernel] stress_iterations, 1000000 on the target)")
+    p.add_argument("--modes", help="server tier: run these [[server.modes]] (comma-separated, or 'all'); "
+                   "default: every mode not marked optional")
+    p.add_argument("--parity-with", metavar="REPORT_DIR",
+                   help="server tier: greedy outputs of each mode must equal those of the same mode in REPORT_DIR")
 
     def _run(args) -> int:
         from sglpatch.regress import run_regress
 
         argv = ["sglpatch", "regress", "--tier", args.tier]
-        for flag in ("profile", "report", "baseline", "project"):
+        for flag in ("profile", "report", "baseline", "project", "modes", "parity_with"):
             if getattr(args, flag):
-                argv += [f"--{flag}", getattr(args, flag)]
+                argv += [f"--{flag.replace('_', '-')}", getattr(args, flag)]
         if args.stress is not None:
             argv += ["--stress"] + ([str(args.stress)] if args.stress >= 0 else [])
         res = run_regress(tier=args.tier, profile=args.profile, report=args.report,
-                          project=args.project, baseline=args.baseline, argv=argv, stress=args.stress)
+                          project=args.project, baseline=args.baseline, argv=argv, stress=args.stress,
+                          modes=args.modes, parity_with=args.parity_with)
         for name, status, summary, failures in res["tiers"]:
             print(f"tier {name}: {status}: {summary}")
             for f in failures[:20]:

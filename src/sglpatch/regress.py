@@ -15,19 +15,14 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-import http.client
 import json
 import os
 import re
 import shlex
 import signal
-import socket
-import statistics
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -73,13 +68,17 @@ SERVER_DEFAULTS: dict = {
     "python": None, "host": "127.0.0.1", "port": 30000, "tp": 1, "model_path": "", "seed": 1234,
     "command": ["{python}", "-m", "sglang.launch_server", "--model-path", "{model_path}",
                 "--tp", "{tp}", "--host", "{host}", "--port", "{port}", "--random-seed", "{seed}"],
-    "launch_args": [], "health_timeout_s": 3600, "request_timeout_s": 900, "stop_grace_s": 30,
+    "launch_args": [], "health_timeout_s": 3600, "stop_grace_s": 30,
     "poll_s": 2.0, "env": {},
-    "benchmark": {"num_requests": 8, "warmup_requests": 1, "max_new_tokens": 256,
+    # measured with `python -m sglang.bench_serving` (see regress_server.bench_command);
+    # num_requests None = one request per prompt (prompts are distinct: no radix-cache hits)
+    "benchmark": {"num_requests": None, "warmup_requests": 1, "max_new_tokens": 256, "tokenizer": None,
+                  "apply_chat_template": True, "timeout_s": 1800, "env": {}, "extra_args": [],
                   "prompts": ["Write a detailed explanation of how a transformer language model "
                               "generates text, step by step."]},
     "baselines": {"no_spec_tok_s": None, "tolerance": 0.05},
     "modes": [{"name": "no_spec", "args": [], "env": {}, "gate": True}],
+    "parity": [],  # [{name, a, b}]: modes whose greedy outputs must be identical
 }
 
 
@@ -137,6 +136,10 @@ def load_profile(path: Path | None) -> dict:
             m.setdefault("args", [])
             m.setdefault("env", {})
             m.setdefault("gate", True)
+        names = [m["name"] for m in srv["modes"]]
+        for i, pair in enumerate(srv["parity"]):
+            if not all(k in pair for k in ("name", "a", "b")) or pair["a"] not in names or pair["b"] not in names:
+                raise _usage(f"profile {path}: server.parity[{i}] needs name, a and b naming modes {names}")
         prof["server"] = srv
     for sec in ("env",):
         bad = {k: v for k, v in prof[sec].items() if not isinstance(v, (str, int, float))}
@@ -832,332 +835,12 @@ def stress_markdown(st: dict) -> list[str]:
     return md
 
 
-# =========================================================================== tier server
-
-FATAL_ANYWHERE = [re.compile(p) for p in (r"CUDA out of memory", r"torch\.OutOfMemoryError",
-                                          r"RuntimeError: NCCL", r"NCCL error:? .*(unhandled|internal|invalid)")]
-TRACEBACK = re.compile(r"^Traceback \(most recent call last\):")
-
-
-class CrashScanner:
-    """Reads a server log incrementally.  Reacts to real crash lines only: fatal patterns
-    (CUDA OOM, NCCL runtime errors) at once; a top-level Traceback only together with
-    the process exiting.  The word "Exception" in a warning means nothing."""
-
-    def __init__(self, path: Path):
-        self.path = Path(path)
-        self.offset = 0
-        self.partial = ""
-        self.in_tb = False
-        self.last_exception_line: str | None = None
-        self.last_line = ""
-
-    def scan(self) -> str | None:
-        try:
-            with open(self.path, "rb") as f:
-                f.seek(self.offset)
-                chunk = f.read()
-                self.offset = f.tell()
-        except OSError:
-            return None
-        text = self.partial + chunk.decode(errors="replace")
-        lines = text.split("\n")
-        self.partial = lines.pop()
-        fatal = None
-        for ln in lines:
-            ln = ln.rstrip("\r")
-            if ln.strip():
-                self.last_line = ln
-            if TRACEBACK.match(ln):
-                self.in_tb = True
-                continue
-            if self.in_tb and ln and not ln[0].isspace():
-                self.last_exception_line = ln
-                self.in_tb = False
-            if fatal is None and any(p.search(ln) for p in FATAL_ANYWHERE):
-                fatal = ln.strip()
-        return fatal
-
-
-def http_get(url: str, timeout: float = 5.0) -> tuple[int, bytes]:
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as r:
-            return r.status, r.read()
-    except urllib.error.HTTPError as e:
-        return e.code, b""
-    except (urllib.error.URLError, OSError, http.client.HTTPException):
-        return 0, b""
-
-
-def port_in_use(host: str, port: int) -> bool:
-    with socket.socket() as s:
-        s.settimeout(1)
-        return s.connect_ex((host, port)) == 0
-
-
-def wait_healthy(mp: ManagedProcess, base_url: str, timeout_s: float, poll_s: float = 2.0) -> tuple[str, str]:
-    """('healthy'|'crash'|'timeout', detail)."""
-    scanner = CrashScanner(mp.log_path)
-    t0 = time.monotonic()
-    while True:
-        mp.snapshot()
-        fatal = scanner.scan()
-        if fatal:
-            return "crash", fatal
-        rc = mp.poll()
-        if rc is not None:
-            scanner.scan()
-            why = scanner.last_exception_line or scanner.last_line or "no output"
-            return "crash", f"server exited with code {rc} while loading: {why}"
-        code, _ = http_get(base_url + "/health", timeout=min(5.0, poll_s + 3))
-        if code == 200:
-            return "healthy", f"healthy after {time.monotonic() - t0:.1f} s"
-        if time.monotonic() - t0 > timeout_s:
-            return "timeout", (f"not healthy after {timeout_s} s (process alive); last log line: "
-                               f"{scanner.last_line[:300]}")
-        time.sleep(poll_s)
-
-
-def generate_stream(host: str, port: int, prompt: str, max_new_tokens: int, timeout: float) -> dict:
-    body = json.dumps({"text": prompt, "stream": True,
-                       "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0.0,
-                                           "ignore_eos": True}})
-    conn = http.client.HTTPConnection(host, port, timeout=timeout)
-    t_send = time.perf_counter()
-    try:
-        conn.request("POST", "/generate", body=body, headers={"Content-Type": "application/json"})
-        resp = conn.getresponse()
-        if resp.status != 200:
-            raise RuntimeError(f"/generate returned HTTP {resp.status}: {resp.read()[:200]!r}")
-        t_first = tok_first = None
-        last_meta: dict = {}
-        t_last = t_send
-        while True:
-            line = resp.readline()
-            if not line:
-                break
-            line = line.strip()
-            if not line.startswith(b"data:"):
-                continue
-            payload = line[5:].strip()
-            if payload == b"[DONE]":
-                break
-            msg = json.loads(payload)
-            meta = msg.get("meta_info", {})
-            now = time.perf_counter()
-            ntok = int(meta.get("completion_tokens", 0))
-            if t_first is None and ntok > 0:
-                t_first, tok_first = now, ntok
-            last_meta = meta
-            t_last = now
-    finally:
-        conn.close()
-    ntok = int(last_meta.get("completion_tokens", 0))
-    out = {"completion_tokens": ntok, "e2e_s": t_last - t_send,
-           "ttft_s": (t_first - t_send) if t_first else None,
-           "spec_verify_ct": last_meta.get("spec_verify_ct")}
-    if t_first is not None and ntok > tok_first and t_last > t_first:
-        out["decode_tok_s"] = (ntok - tok_first) / (t_last - t_first)
-    out["e2e_tok_s"] = ntok / out["e2e_s"] if out["e2e_s"] > 0 else None
-    if out["spec_verify_ct"]:
-        out["accept_length"] = ntok / float(out["spec_verify_ct"])
-    return out
-
-
-def _find_key(obj, key):
-    if isinstance(obj, dict):
-        if key in obj:
-            return obj[key]
-        for v in obj.values():
-            r = _find_key(v, key)
-            if r is not None:
-                return r
-    elif isinstance(obj, list):
-        for v in obj:
-            r = _find_key(v, key)
-            if r is not None:
-                return r
-    return None
-
-
-def read_verify_profile(path: Path) -> dict | None:
-    """P4's JSON lines (draft_ms/verify_ms/extend_ms/cycle_ms, accept_length, tok_s,
-    break_even_accept_length); returns the last record plus medians of numeric fields."""
-    if not path.is_file():
-        return None
-    recs = []
-    for ln in path.read_text(errors="replace").splitlines():
-        with contextlib.suppress(json.JSONDecodeError):
-            r = json.loads(ln)
-            if isinstance(r, dict):
-                recs.append(r)
-    if not recs:
-        return {"records": 0}
-    med = {}
-    for key in {k for r in recs for k, v in r.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}:
-        vals = [r[key] for r in recs if isinstance(r.get(key), (int, float))]
-        med[key] = statistics.median(vals)
-    return {"records": len(recs), "last": recs[-1], "median_of_records": med,
-            "break_even_accept_length": _find_key(recs[-1], "break_even_accept_length")}
-
-
-def run_benchmark(host: str, port: int, bench: dict, timeout: float) -> dict:
-    prompts = bench["prompts"]
-    reqs = []
-    for i in range(bench["warmup_requests"]):
-        generate_stream(host, port, prompts[i % len(prompts)], min(32, bench["max_new_tokens"]), timeout)
-    for i in range(bench["num_requests"]):
-        reqs.append(generate_stream(host, port, prompts[i % len(prompts)], bench["max_new_tokens"], timeout))
-    dec = [r["decode_tok_s"] for r in reqs if r.get("decode_tok_s")]
-    e2e = [r["e2e_tok_s"] for r in reqs if r.get("e2e_tok_s")]
-    acc = [r["accept_length"] for r in reqs if r.get("accept_length")]
-    return {"requests": reqs,
-            "tok_s": round(statistics.median(dec), 2) if dec else None,
-            "e2e_tok_s": round(statistics.median(e2e), 2) if e2e else None,
-            "ttft_s": round(statistics.median([r["ttft_s"] for r in reqs if r.get("ttft_s") is not None]), 4)
-            if any(r.get("ttft_s") is not None for r in reqs) else None,
-            "accept_length": round(statistics.median(acc), 3) if acc else None}
-
-
-def server_command(srv: dict, mode: dict, python: str) -> list[str]:
-    subs = {"python": python, "model_path": _expand(srv["model_path"]), "tp": srv["tp"], "host": srv["host"],
-            "port": srv["port"], "seed": srv["seed"]}
-    fmt = lambda a: _expand(str(a).format(**subs))  # noqa: E731
-    return [fmt(a) for a in srv["command"]] + [fmt(a) for a in srv["launch_args"]] + [fmt(a) for a in mode["args"]]
-
-
-def run_server_mode(srv: dict, mode: dict, report_dir: Path, base_env: dict, python: str) -> dict:
-    name = mode["name"]
-    out: dict = {"mode": name}
-    host, port = srv["host"], int(srv["port"])
-    if port_in_use(host, port):
-        out.update(status="fail", error=f"port {host}:{port} already in use before launch (a server still "
-                                        "running?); stop it or change server.port")
-        return out
-    env = dict(base_env)
-    env.update({k: str(v) for k, v in srv.get("env", {}).items()})
-    env.update({k: str(v) for k, v in mode.get("env", {}).items()})
-    vp = report_dir / f"verify_profile-{name}.jsonl"
-    with contextlib.suppress(FileNotFoundError):
-        vp.unlink()
-    # P4's verify profile is switched on per mode (SGLANG_VERIFY_PROFILE=1 in the mode's env);
-    # the file always goes to the report folder
-    env["SGLANG_VERIFY_PROFILE_FILE"] = str(vp)
-    env.setdefault("PYTHONUNBUFFERED", "1")
-    cmd = server_command(srv, mode, python)
-    out["command"] = cmd
-    log = report_dir / f"server-{name}.log"
-    out["log"] = log.name
-    base_url = f"http://{host}:{port}"
-    t0 = time.monotonic()
-    mp = ManagedProcess(cmd, env, log)
-    try:
-        state, detail = wait_healthy(mp, base_url, float(srv["health_timeout_s"]), float(srv["poll_s"]))
-        out["health"] = {"state": state, "detail": detail, "after_s": round(time.monotonic() - t0, 1)}
-        if state != "healthy":
-            out.update(status="fail", error=f"{state}: {detail}")
-            return out
-        try:
-            out["benchmark"] = run_benchmark(host, port, srv["benchmark"], float(srv["request_timeout_s"]))
-        except Exception as e:  # noqa: BLE001
-            mp.snapshot()
-            out.update(status="fail", error=f"benchmark failed: {type(e).__name__}: {e}; "
-                                            f"server alive: {mp.poll() is None}")
-            return out
-        code, body = http_get(base_url + "/get_server_info", timeout=30)
-        if code == 200:
-            with contextlib.suppress(ValueError):
-                info = json.loads(body)
-                acc = _find_key(info, "avg_spec_accept_length")
-                out["server_info_accept_length"] = acc
-                if out["benchmark"].get("accept_length") is None and acc is not None:
-                    out["benchmark"]["accept_length"] = acc
-        mp.snapshot()
-        out["status"] = "ok"
-        return out
-    finally:
-        survivors = mp.stop(float(srv["stop_grace_s"]))
-        out["tracked_pids"] = sorted(mp.seen)
-        out["survivors"] = survivors
-        if survivors:
-            out["status"] = "fail"
-            out["error"] = (out.get("error", "") + f"; processes {survivors} survived the stop").lstrip("; ")
-        out["verify_profile"] = read_verify_profile(vp)
-
-
-def tier_server(prof: dict, project: Path, report_dir: Path, base_env: dict) -> TierResult:
-    tr = TierResult("server")
-    srv = prof.get("server")
-    if not srv:
-        tr.status = "cannot_run"
-        tr.summary = f"profile {prof.get('_path') or '(none)'} has no [server] section"
-        return tr
-    python = _expand(srv["python"] or sys.executable)
-    env = dict(base_env)
-    modes = []
-    for mode in srv["modes"]:
-        modes.append(run_server_mode(srv, mode, report_dir, env, python))
-    base = srv["baselines"]
-    tol = float(base.get("tolerance", 0.05))
-    ref = base.get("no_spec_tok_s")
-    floor = ref * (1 - tol) if ref else None
-    no_spec = next((m for m in modes if m["mode"] == srv["modes"][0]["name"]), None)
-    md = [f"Baseline from the profile: {ref} tok/s without speculation (tolerance {tol:.0%}).", "",
-          "| mode | status | tok/s (decode, median) | e2e tok/s | accept length | verify ms (P4) | break-even accept | vs baseline |",
-          "|---|---|---|---|---|---|---|---|"]
-    for cfg, m in zip(srv["modes"], modes):
-        b = m.get("benchmark") or {}
-        tok = b.get("tok_s")
-        vp = m.get("verify_profile") or {}
-        last = vp.get("last") or {}
-        vms = last.get("verify_ms")
-        if isinstance(vms, dict):
-            vms = vms.get("median", vms.get("p50"))
-        if vms is None:
-            vms = last.get("verify_ms_median")
-        verdict = "—"
-        if m.get("status") != "ok":
-            tr.fail(f"mode {m['mode']}: {m.get('error')}")
-            verdict = "failed"
-        elif tok is None:
-            tr.fail(f"mode {m['mode']}: no tok/s measured")
-        elif floor is not None:
-            pays = tok >= floor if m is no_spec else tok > ref
-            m["beats_baseline"] = pays
-            verdict = (f"{tok / ref:.2f}x of {ref}")
-            if m is not no_spec:
-                verdict += " — speculation PAYS" if pays else " — speculation does NOT pay"
-            if not pays and cfg.get("gate", True):
-                tr.fail(f"mode {m['mode']}: {tok} tok/s " + (f"below {floor:.1f} (baseline {ref} - {tol:.0%})"
-                                                            if m is no_spec else f"does not beat the {ref} tok/s baseline"))
-        md.append(f"| {m['mode']} | {m.get('status')} | {_fmt(tok)} | {_fmt(b.get('e2e_tok_s'))} | "
-                  f"{_fmt(b.get('accept_length'), 2)} | {_fmt(vms, 2)} | "
-                  f"{_fmt(vp.get('break_even_accept_length'), 2)} | {verdict} |")
-    if no_spec and no_spec.get("benchmark") and len(modes) > 1:
-        t0 = no_spec["benchmark"].get("tok_s")
-        for m in modes[1:]:
-            t1 = (m.get("benchmark") or {}).get("tok_s")
-            if t0 and t1:
-                m["speedup_vs_no_spec_this_run"] = round(t1 / t0, 3)
-                md.append(f"\n{m['mode']} vs {no_spec['mode']} in this run: {t1 / t0:.2f}x")
-    md += ["", "Commands and logs:"] + [f"- {m['mode']}: `{shlex.join(m.get('command', []))}` "
-                                         f"(log `{m.get('log')}`, tracked pids {len(m.get('tracked_pids', []))}, "
-                                         f"survivors {m.get('survivors')})" for m in modes]
-    tr.data["modes"] = modes
-    tr.md = md
-    if tr.status != "fail":
-        tr.status = "pass"
-    tr.summary = "; ".join(f"{m['mode']}: {_fmt((m.get('benchmark') or {}).get('tok_s'))} tok/s"
-                           + ("" if m.get("status") == "ok" else " (failed)") for m in modes)
-    return tr
-
-
 # =========================================================================== entry
 
 
 def run_regress(tier: str = "all", profile: str | None = None, report: str | None = None,
                 project: str | None = None, baseline: str | None = None, argv: list[str] | None = None,
-                stress: int | None = None) -> dict:
+                stress: int | None = None, modes: str | None = None, parity_with: str | None = None) -> dict:
     if tier not in (*TIERS, "all"):
         raise _usage(f"unknown tier {tier!r}; choose cpu, kernel, server or all")
     proj = Path(project).resolve() if project else find_project_root()
@@ -1182,7 +865,9 @@ def run_regress(tier: str = "all", profile: str | None = None, report: str | Non
             results.append(tier_kernel(prof, proj, report_dir, base_env, Path(baseline) if baseline else None,
                                        stress=stress))
         else:
-            results.append(tier_server(prof, proj, report_dir, base_env))
+            from sglpatch.regress_server import tier_server
+
+            results.append(tier_server(prof, proj, report_dir, base_env, modes=modes, parity_with=parity_with))
     if any(r.status == "fail" for r in results):
         status, code = "fail", EXIT_FAIL
     elif any(r.status == "pass" for r in results) and (tier == "all" or results[0].status == "pass"):
@@ -1213,13 +898,13 @@ def main(argv: list[str] | None = None) -> int:
 
     p = argparse.ArgumentParser(prog="python -m sglpatch.regress")
     p.add_argument("--tier", default="all")
-    for flag in ("--profile", "--report", "--baseline", "--project"):
+    for flag in ("--profile", "--report", "--baseline", "--project", "--modes", "--parity-with"):
         p.add_argument(flag)
     p.add_argument("--stress", type=int, nargs="?", const=-1, default=None, metavar="N")
     a = p.parse_args(args)
     try:
         res = run_regress(a.tier, a.profile, a.report, a.project, a.baseline, ["python", "-m", "sglpatch.regress", *args],
-                          stress=a.stress)
+                          stress=a.stress, modes=a.modes, parity_with=a.parity_with)
     except SglpatchError as e:
         print(f"sglpatch: error: {e}", file=sys.stderr)
         return e.exit_code
