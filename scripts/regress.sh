@@ -16,11 +16,11 @@ export PYTHONUNBUFFERED=1
 args=("$@")
 have() { local f; for f in "${args[@]}"; do [[ "$f" == "$1" || "$f" == "$1="* ]] && return 0; done; return 1; }
 if ! have --profile; then args+=(--profile "${SGLPATCH_PROFILE:-rtx6000x8-kimi-k25}"); fi
+if ! have --project; then args+=(--project "$SGLPATCH_HOME"); fi  # this checkout, from any cwd
 if ! have --report && [[ -n "${SGLPATCH_REGRESS_DIR:-}" ]]; then
   args+=(--report "$SGLPATCH_REGRESS_DIR/$(date -u +%Y%m%d-%H%M%S)")
 fi
 if command -v sglpatch >/dev/null 2>&1; then
   exec sglpatch regress "${args[@]}"
 fi
-here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-PYTHONPATH="$here/src${PYTHONPATH:+:$PYTHONPATH}" exec "${PYTHON:-python3}" -m sglpatch.regress "${args[@]}"
+PYTHONPATH="$SGLPATCH_HOME/src${PYTHONPATH:+:$PYTHONPATH}" exec "${PYTHON:-python3}" -m sglpatch.gpu.regress "${args[@]}"

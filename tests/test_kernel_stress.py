@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from sglpatch import kernel_bench as kb
-from sglpatch import regress
+from sglpatch.gpu import kernel_bench as kb
+from sglpatch.gpu import kernel, profiles, regress
 from sglpatch.cli import main as cli_main
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -71,14 +71,14 @@ def test_merge_takes_the_earliest_mismatch_over_ranks():
 def test_stress_failures_name_iteration_rank_and_missing_backends():
     row = {"backend": "custom_ar", "mode": "graph", "iterations_done": 2048, "iterations_requested": 10 ** 6,
            "status": "mismatch", "mismatched_iterations": 1, "first_mismatch": _first(1777, 5)}
-    lines = regress.stress_failures({"stress": [row], "absent": {"symm_mem": "x"}, "errors": {}}, ["custom_ar"])
+    lines = kernel.stress_failures({"stress": [row], "absent": {"symm_mem": "x"}, "errors": {}}, ["custom_ar"])
     assert lines == ["STRESS MISMATCH custom_ar graph: iteration 1777, rank 5, [3,64] element [1,6]: got 5, "
                      "NCCL 4 (1 of 2048 iterations wrong before the stop)"]
-    lines = regress.stress_failures({"stress": [], "absent": {"custom_ar": "sgl_kernel does not import"}}, ["custom_ar"])
+    lines = kernel.stress_failures({"stress": [], "absent": {"custom_ar": "sgl_kernel does not import"}}, ["custom_ar"])
     assert lines == ["required stress backend custom_ar did not run: sgl_kernel does not import"]
-    assert regress.stress_failures({"stress": [], "absent": {}}, [])[0].startswith("stress: no backend")
+    assert kernel.stress_failures({"stress": [], "absent": {}}, [])[0].startswith("stress: no backend")
     err = dict(row, status="error", first_mismatch=None, detail="RuntimeError: boom")
-    assert "raised after 2048 iterations: RuntimeError: boom" in regress.stress_failures({"stress": [err]}, [])[0]
+    assert "raised after 2048 iterations: RuntimeError: boom" in kernel.stress_failures({"stress": [err]}, [])[0]
 
 
 def test_fault_and_value_bound():
@@ -90,15 +90,15 @@ def test_fault_and_value_bound():
 
 
 def test_stress_launch_from_profile(tmp_path):
-    prof = regress.load_profile(regress.resolve_profile_path("rtx6000x8-kimi-k25", ROOT))
+    prof = profiles.load_profile(profiles.resolve_profile_path("rtx6000x8-kimi-k25", ROOT))
     k = prof["kernel"]
     assert k["stress_iterations"] == 1_000_000 and k["stress_required"] == ["custom_ar"]
-    L = regress.stress_launch(prof, 8, tmp_path, "py", 1_000_000)
+    L = kernel.stress_launch(prof, 8, tmp_path, "py", 1_000_000)
     cmd = L["cmd"]
     assert cmd[cmd.index("--stress") + 1] == "1000000" and cmd[cmd.index("--backends") + 1] == "custom_ar,symm_mem"
     assert cmd[cmd.index("--modes") + 1] == "eager,graph" and "--device" not in cmd
     assert L["stall_s"] == k["stress_step_timeout_s"] + 60 and L["timeout_s"] > 3600
-    h = regress.load_profile(regress.resolve_profile_path("h200x2", ROOT))["kernel"]
+    h = profiles.load_profile(profiles.resolve_profile_path("h200x2", ROOT))["kernel"]
     assert 0 < h["stress_iterations"] <= 100_000 and h["stress_required"] == ["symm_mem"]
 
 
@@ -108,7 +108,7 @@ def test_stress_launch_from_profile(tmp_path):
 def test_silent_hang_fails_the_tier_and_ends_the_tree(tmp_path, monkeypatch):
     monkeypatch.setenv("SGLPATCH_STANDIN_KB", "silent")
     proj = cpu_project(tmp_path, "stress_step_timeout_s = 1\n", python=fake_python(tmp_path))
-    monkeypatch.setattr(regress, "stress_launch", _short_stall(regress.stress_launch, 2.0))
+    monkeypatch.setattr(kernel, "stress_launch", _short_stall(kernel.stress_launch, 2.0))
     t0 = time.monotonic()
     res = regress.run_regress("kernel", "c", str(tmp_path / "r"), str(proj), stress=10)
     assert time.monotonic() - t0 < 40
@@ -191,7 +191,7 @@ def _torchrun(tmp_path, *args, timeout=180):
     _torch()
     out = tmp_path / "kb.json"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-           str(ROOT / "src" / "sglpatch" / "kernel_bench.py"), "--device", "cpu", "--hidden", "64",
+           str(ROOT / "src" / "sglpatch" / "gpu" / "kernel_bench.py"), "--device", "cpu", "--hidden", "64",
            "--stress-sizes", "1,3,16", "--stress-batch", "128", "--out", str(out), *args]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=dict(os.environ, OMP_NUM_THREADS="1"))
     return r, (json.loads(out.read_text()) if out.exists() else None)
@@ -247,9 +247,9 @@ def test_regress_on_cpu_mismatch_and_hang_fail_the_tier(tmp_path):
 
 
 def test_kernel_report_says_what_a_latency_sample_is():
-    prof = regress.load_profile(None)
+    prof = profiles.load_profile(None)
     rows = [{"backend": "nccl", "mode": "graph", "rows": 3, "hidden": 7168, "status": "ok", "median_us": 9.0,
              "p90_us": 9.5}]
-    md = "\n".join(regress.kernel_markdown({"hardware": {}, "results": rows, "sizes": [3], "hidden": 7168}, prof))
+    md = "\n".join(kernel.kernel_markdown({"hardware": {}, "results": rows, "sizes": [3], "hidden": 7168}, prof))
     assert "slowest rank" not in md
     assert "the last-arriving rank's, i.e. the least over the ranks" in md

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from sglpatch import profile_report as pr
+from sglpatch.gpu import profile_report as pr
 from sglpatch.errors import SglpatchError
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from sglpatch import regress
+from sglpatch.gpu import kernel, procs, profiles, regress
 from sglpatch.cli import main as cli_main
 from sglpatch.errors import SglpatchError
 
@@ -41,7 +41,7 @@ def make_project(tmp_path: Path, profile: str, name: str = "t") -> Path:
 
 @pytest.mark.parametrize("name", ["h200x2", "rtx6000x8-kimi-k25"])
 def test_shipped_profiles_load(name):
-    prof = regress.load_profile(regress.resolve_profile_path(name, ROOT))
+    prof = profiles.load_profile(profiles.resolve_profile_path(name, ROOT))
     assert prof["kernel"]["sizes"] == [1, 2, 3, 4, 8, 16, 64, 512, 2048]
     assert prof["kernel"]["hidden"] == 7168
     if name.startswith("rtx"):
@@ -59,9 +59,9 @@ def test_shipped_profiles_load(name):
 def test_profile_errors(tmp_path):
     proj = make_project(tmp_path, "[bogus]\nx = 1\n")
     with pytest.raises(SglpatchError, match="unknown section"):
-        regress.load_profile(regress.resolve_profile_path("t", proj))
+        profiles.load_profile(profiles.resolve_profile_path("t", proj))
     with pytest.raises(SglpatchError, match="not found"):
-        regress.resolve_profile_path("nope", proj)
+        profiles.resolve_profile_path("nope", proj)
 
 
 def test_cli_user_error_is_one_line(capsys, tmp_path):
@@ -85,7 +85,7 @@ def _rows(table):
 def test_crossover_finds_cap_and_ignores_a_lone_dip():
     rows = _rows([("nccl", "graph", {1: 10, 3: 10, 4: 9, 64: 15, 512: 46, 2048: 120}),
                   ("symm_mem", "graph", {1: 8, 3: 8, 4: 9.5, 64: 14, 512: 53, 2048: 180})])
-    c = regress.find_crossover(rows, "graph", 7168)
+    c = kernel.find_crossover(rows, "graph", 7168)
     assert c["custom"] == "symm_mem" and c["stand_in"]
     assert c["wins_up_to_rows"] == 64 and c["first_loss_rows"] == 512
     assert c["recommended_max_bytes"] == 64 * 7168 * 2
@@ -96,7 +96,7 @@ def test_crossover_finds_cap_and_ignores_a_lone_dip():
 def test_crossover_prefers_real_custom_ar_and_handles_never_wins():
     rows = _rows([("nccl", "graph", {1: 10, 3: 10}), ("symm_mem", "graph", {1: 5, 3: 5}),
                   ("custom_ar", "graph", {1: 12, 3: 12})])
-    c = regress.find_crossover(rows, "graph", 7168)
+    c = kernel.find_crossover(rows, "graph", 7168)
     assert c["custom"] == "custom_ar" and not c["stand_in"]
     assert c["wins_up_to_rows"] == 0 and c["first_loss_rows"] == 1
 
@@ -108,8 +108,8 @@ def test_kernel_markdown_names_hardware_and_flags_wrong_results(tmp_path):
     d = {"hardware": {"world_size": 2, "gpu_name": "NVIDIA H200", "nvlink": True, "torch": "2.11", "nccl": "2.28.9"},
          "results": rows, "sizes": [3], "hidden": 7168, "absent": {"custom_ar": "sgl_kernel does not import"},
          "crossover": {"graph": None}}
-    prof = regress.load_profile(ROOT / "targets" / "rtx6000x8-kimi-k25.toml")
-    md = "\n".join(regress.kernel_markdown(d, prof))
+    prof = profiles.load_profile(ROOT / "targets" / "rtx6000x8-kimi-k25.toml")
+    md = "\n".join(kernel.kernel_markdown(d, prof))
     assert "2x NVIDIA H200" in md and "NVLink: yes" in md
     assert "not from the profile's target" in md
     assert "**WRONG**" in md and "custom_ar: sgl_kernel does not import" in md
@@ -119,21 +119,21 @@ def test_baseline_compared_only_on_same_hardware():
     new = _rows([("nccl", "graph", {3: 20.0})])
     old = {"tiers": {"kernel": {"hardware": {"gpu_name": "NVIDIA H200", "world_size": 2},
                                 "results": _rows([("nccl", "graph", {3: 10.0})])}}}
-    cmp = regress.compare_kernel_baseline(new, old, {"gpu_name": "NVIDIA H200", "world_size": 2}, 0.15, 2.0)
+    cmp = kernel.compare_kernel_baseline(new, old, {"gpu_name": "NVIDIA H200", "world_size": 2}, 0.15, 2.0)
     assert cmp["compared"] == 1 and len(cmp["regressions"]) == 1
-    cmp = regress.compare_kernel_baseline(new, old, {"gpu_name": "RTX", "world_size": 8}, 0.15, 2.0)
+    cmp = kernel.compare_kernel_baseline(new, old, {"gpu_name": "RTX", "world_size": 8}, 0.15, 2.0)
     assert not cmp["hardware_matches"] and cmp["regressions"] == []
 
 
 def test_kernel_tier_without_gpus_cannot_run(tmp_path, monkeypatch):
-    monkeypatch.setattr(regress, "count_gpus", lambda python, env: (0, "test"))
+    monkeypatch.setattr(kernel, "count_gpus", lambda python, env: (0, "test"))
     res = regress.run_regress("kernel", None, str(tmp_path / "r"), str(ROOT))
     assert res["exit_code"] == regress.EXIT_CANNOT_RUN
     assert json.loads((tmp_path / "r" / "report.json").read_text())["tiers"]["kernel"]["status"] == "cannot_run"
 
 
 def test_nvlink_detection_from_topo():
-    from sglpatch.kernel_bench import nvlink_from_topo, percentile
+    from sglpatch.gpu.kernel_bench import nvlink_from_topo, percentile
 
     assert nvlink_from_topo("\tGPU0\tGPU1\nGPU0\t X \tNV18\nGPU1\tNV18\t X \n") is True
     assert nvlink_from_topo("\tGPU0\tGPU1\nGPU0\t X \tNODE\nGPU1\tNODE\t X \n") is False
@@ -148,7 +148,7 @@ def test_run_step_kills_a_hung_tree(tmp_path):
             f"open({str(pidfile)!r},'w').write(json.dumps([c.pid]))\n"
             "while True: time.sleep(1)\n")
     t0 = time.monotonic()
-    res = regress.run_step([sys.executable, "-c", code], dict(os.environ), tmp_path / "log", timeout_s=1.5)
+    res = procs.run_step([sys.executable, "-c", code], dict(os.environ), tmp_path / "log", timeout_s=1.5)
     assert res["timed_out"] and res["survivors"] == []
     assert time.monotonic() - t0 < 20
     assert not alive(json.loads(pidfile.read_text())[0])
@@ -194,3 +194,32 @@ def test_regress_sh_defaults_the_profile(tmp_path):
     assert r.returncode == regress.EXIT_CANNOT_RUN, r.stderr
     doc = json.loads((tmp_path / "r" / "report.json").read_text())
     assert doc["profile"].endswith("h200x2.toml")
+
+
+def test_regress_outside_a_project_is_one_line_not_the_installed_folder(tmp_path):
+    r = subprocess.run(["sglpatch", "regress", "--tier", "cpu"], cwd=tmp_path, capture_output=True, text=True)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.strip().splitlines() == [
+        f"sglpatch: error: no sglpatch project here ({tmp_path.resolve()}): run from the sglpatch checkout or pass --project DIR"
+    ]
+    assert not list(tmp_path.iterdir())  # no report folder written either
+
+
+def test_gpu_suite_sees_the_series_side_only_through_series_side():
+    """Two rooms: sglpatch.gpu imports no series-side module except through series_side, and never cli."""
+    import ast
+
+    series_side = {"sglpatch.stack", "sglpatch.series", "sglpatch.lock", "sglpatch.upstream", "sglpatch.rebase",
+                   "sglpatch.bisect", "sglpatch.gitcmd", "sglpatch.cli", "sglpatch.install", "sglpatch.watch"}
+    allowed = {"sglpatch.errors", "sglpatch.proctree"}
+    for path in (ROOT / "src" / "sglpatch" / "gpu").glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = []
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("sglpatch"):
+                names = [f"sglpatch.{a.name}" for a in node.names] if node.module == "sglpatch" else [node.module]
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names if a.name.startswith("sglpatch")]
+            for n in names:
+                if n.startswith("sglpatch.gpu") or n in allowed:
+                    continue
+                assert path.name == "series_side.py" and n in series_side, f"{path.name} imports {n}"

@@ -14,8 +14,11 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import copy_project
 
-from sglpatch import regress, regress_server
+from sglpatch.errors import SglpatchError
+from sglpatch.gpu import profiles, regress
+from sglpatch.gpu import server as regress_server
 
 ROOT = Path(__file__).resolve().parents[1]
 STANDIN = ROOT / "tests" / "standin_server.py"
@@ -105,7 +108,9 @@ def serve(tmp_path, patched_python, tokenizer_dir, bench_env):
 
     def run(standin_args="[]", report="rep", modes_sel=None, parity_with=None, **kw):
         pidfile = tmp_path / f"pids-{report}.json"
-        proj = tmp_path / "proj"
+        proj = tmp_path / "proj"  # a project copy: the series that says which patches the workdir carries
+        if not (proj / "series").exists():
+            copy_project(proj)
         (proj / "targets").mkdir(parents=True, exist_ok=True)
         (proj / "tests").mkdir(exist_ok=True)
         (proj / "targets" / "t.toml").write_text(
@@ -148,7 +153,7 @@ def test_crash_scanner_ignores_exception_word(tmp_path):
 
 
 def test_bench_command_uses_only_flags_of_the_installed_bench_serving(patched_tree):
-    prof = regress.load_profile(ROOT / "targets" / "rtx6000x8-kimi-k25.toml")
+    prof = profiles.load_profile(ROOT / "targets" / "rtx6000x8-kimi-k25.toml")
     cmd = regress_server.bench_command(prof["server"], "python3", "P.jsonl", "O.jsonl")
     assert cmd[:5] == ["python3", "-m", "sglang.bench_serving", "--backend", "sglang"]
     for flag in ("--dataset-name", "--apply-chat-template", "--flush-cache", "--output-file", "--output-details"):
@@ -336,9 +341,9 @@ def test_server_refuses_a_busy_port(tmp_path, patched_python, tokenizer_dir, ben
 
 
 def test_unknown_mode_and_bad_parity_pair_are_usage_errors(serve, tmp_path):
-    with pytest.raises(regress.SglpatchError, match="unknown mode"):
+    with pytest.raises(SglpatchError, match="unknown mode"):
         serve(modes_sel="nope")
-    with pytest.raises(regress.SglpatchError, match="parity"):
+    with pytest.raises(SglpatchError, match="parity"):
         serve(extra='[[server.parity]]\nname = "x"\na = "no_spec"\nb = "missing"\n')
 
 

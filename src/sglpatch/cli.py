@@ -1,5 +1,5 @@
 """Command line: argument parsing and messages only (the work is done in sglpatch.stack,
-upstream, install, rebase, bisect, regress and profile_report)."""
+upstream, install, rebase, bisect, and in the GPU suite sglpatch.gpu: regress, profile_report)."""
 
 from __future__ import annotations
 
@@ -212,7 +212,7 @@ def _add_core(sub) -> None:
 
 def _add_profile_report(sub) -> None:
     def run(args) -> int:
-        from sglpatch import profile_report
+        from sglpatch.gpu import profile_report
 
         return profile_report.run(args)
 
@@ -241,59 +241,16 @@ def _add_profile_report(sub) -> None:
     p.set_defaults(func=run)
 
 
-def _stress_count(text: str) -> int:
-    n = int(text) if text.isdigit() else 0
-    if n <= 0:
-        raise argparse.ArgumentTypeError(f"--stress wants a positive number of iterations, not {text!r}")
-    return n
-
-
 def _add_regress(sub) -> None:
+    from sglpatch.gpu import regress
+
     p = sub.add_parser(
         "regress",
         help="GPU regression suite: tiers cpu, kernel, server; writes report.json + report.md",
-        description="Exit 0: every tier that ran passed; 1: a regression; 2: a usage error; 125: the tier "
-        "cannot run here (no GPUs), so `git bisect run` skips.",
+        description=regress.DESCRIPTION,
     )
-    p.add_argument(
-        "--tier",
-        choices=["cpu", "kernel", "server", "all"],
-        default="all",
-        help="cpu: the patch tests on the installed sglang; kernel: allreduce latency and correctness (>= 2 GPUs); "
-        "server: the patched server's tok/s against the baseline; all: each in turn",
-    )
-    p.add_argument("--profile", help="targets/NAME.toml, or NAME of a file in targets/ (e.g. rtx6000x8-kimi-k25)")
-    p.add_argument("--report", help="report folder (default: ./regress-<UTC time>)")
-    p.add_argument("--baseline", help="a previous report.json to compare kernel latencies with (same hardware only)")
-    p.add_argument("--project", help="project root holding targets/ and tests/ (default: found from cwd)")
-    p.add_argument("--stress", type=_stress_count, nargs="?", const=-1, default=None, metavar="N",
-                   help="tier kernel also runs N allreduces per non-NCCL backend and mode, each compared exactly "
-                   "with NCCL (N omitted: the profile's [kernel] stress_iterations, 1000000 on the target)")
-    p.add_argument("--modes", help="server tier: run these [[server.modes]] (comma-separated, or 'all'); "
-                   "default: every mode not marked optional")
-    p.add_argument("--parity-with", metavar="REPORT_DIR",
-                   help="server tier: greedy outputs of each mode must equal those of the same mode in REPORT_DIR")
-
-    def _run(args) -> int:
-        from sglpatch.regress import run_regress
-
-        argv = ["sglpatch", "regress", "--tier", args.tier]
-        for flag in ("profile", "report", "baseline", "project", "modes", "parity_with"):
-            if getattr(args, flag):
-                argv += [f"--{flag.replace('_', '-')}", getattr(args, flag)]
-        if args.stress is not None:
-            argv += ["--stress"] + ([str(args.stress)] if args.stress >= 0 else [])
-        res = run_regress(tier=args.tier, profile=args.profile, report=args.report,
-                          project=args.project, baseline=args.baseline, argv=argv, stress=args.stress,
-                          modes=args.modes, parity_with=args.parity_with)
-        for name, status, summary, failures in res["tiers"]:
-            print(f"tier {name}: {status}: {summary}")
-            for f in failures[:20]:
-                print(f"  - {f}")
-        print(f"regress: {res['status']} (exit {res['exit_code']}); report: {res['report_dir']}/report.md")
-        return res["exit_code"]
-
-    p.set_defaults(func=_run)
+    regress.add_arguments(p)
+    p.set_defaults(func=lambda args: regress.run_args(args, ["sglpatch", "regress"]))
 
 
 def _add_bisect(sub) -> None:

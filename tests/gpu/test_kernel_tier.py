@@ -17,7 +17,7 @@ torch = pytest.importorskip("torch")
 if not torch.cuda.is_available() or torch.cuda.device_count() < 2:
     pytest.skip("needs >= 2 CUDA GPUs", allow_module_level=True)
 
-from sglpatch import regress  # noqa: E402
+from sglpatch.gpu import regress  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 

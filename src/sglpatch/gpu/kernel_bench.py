@@ -3,8 +3,8 @@
 One process per GPU, started by torchrun (or anything that sets RANK / WORLD_SIZE /
 LOCAL_RANK / MASTER_ADDR / MASTER_PORT):
 
-    torchrun --standalone --nproc-per-node 8 -m sglpatch.kernel_bench --out kb.json
-    torchrun --standalone --nproc-per-node 2 src/sglpatch/kernel_bench.py --out kb.json
+    torchrun --standalone --nproc-per-node 8 -m sglpatch.gpu.kernel_bench --out kb.json
+    torchrun --standalone --nproc-per-node 2 src/sglpatch/gpu/kernel_bench.py --out kb.json
 
 Standalone on purpose: it imports only the standard library and torch (sglang,
 sgl_kernel and flashinfer optionally, each guarded), so the file can be copied to a
@@ -1062,7 +1062,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--stress-batch and --stress-repeat must be positive")
     if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
         print("kernel_bench: run me under torchrun (RANK/WORLD_SIZE unset), e.g.\n"
-              "  torchrun --standalone --nproc-per-node 2 -m sglpatch.kernel_bench --out kb.json",
+              "  torchrun --standalone --nproc-per-node 2 -m sglpatch.gpu.kernel_bench --out kb.json",
               file=sys.stderr)
         return 2
     return run(args)

@@ -33,7 +33,9 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from sglpatch.regress import ManagedProcess, TierResult, _expand, _fmt, _usage, tail
+from sglpatch.gpu.procs import ManagedProcess, tail
+from sglpatch.gpu.profiles import expand, usage_error
+from sglpatch.gpu.report import TierResult, fmt
 
 # the numbers bench_serving writes to --output-file, by its own names
 BENCH_METRICS = ("completed", "duration", "total_input_tokens", "total_output_tokens", "request_throughput",
@@ -132,9 +134,9 @@ def wait_healthy(mp: ManagedProcess, base_url: str, timeout_s: float, poll_s: fl
 
 
 def server_command(srv: dict, mode: dict, python: str) -> list[str]:
-    subs = {"python": python, "model_path": _expand(srv["model_path"]), "tp": srv["tp"], "host": srv["host"],
+    subs = {"python": python, "model_path": expand(srv["model_path"]), "tp": srv["tp"], "host": srv["host"],
             "port": srv["port"], "seed": srv["seed"]}
-    fmt = lambda a: _expand(str(a).format(**subs))  # noqa: E731
+    fmt = lambda a: expand(str(a).format(**subs))  # noqa: E731
     return [fmt(a) for a in srv["command"]] + [fmt(a) for a in srv["launch_args"]] + [fmt(a) for a in mode["args"]]
 
 
@@ -155,9 +157,9 @@ def bench_command(srv: dict, python: str, prompts_file: Path | str, out_file: Pa
     b = srv["benchmark"]
     cmd = [python, "-m", "sglang.bench_serving", "--backend", "sglang",
            "--host", str(srv["host"]), "--port", str(srv["port"]),
-           "--model", _expand(srv["model_path"])]
+           "--model", expand(srv["model_path"])]
     if b.get("tokenizer"):
-        cmd += ["--tokenizer", _expand(b["tokenizer"])]
+        cmd += ["--tokenizer", expand(b["tokenizer"])]
     cmd += ["--dataset-name", "custom", "--dataset-path", str(prompts_file),
             "--num-prompts", str(num_requests(b)), "--sharegpt-output-len", str(b["max_new_tokens"])]
     if b.get("apply_chat_template", True):
@@ -295,14 +297,12 @@ def imported_sglang(python: str, env: dict, project: Path) -> dict:
         out["patches_note"] = f"{file} is not in an sglpatch workdir (<workdir>/python/sglang): patches unknown"
         return out
     out["workdir"] = str(workdir)
-    root = next((d for d in (project, Path(__file__).resolve().parents[2]) if (d / "series").is_file()), None)
     try:
-        from sglpatch import stack
+        if not (project / "series").is_file():
+            raise RuntimeError(f"no sglpatch series in {project} (pass --project)")
+        from sglpatch.gpu.series_side import patches_of
 
-        if root is None:
-            raise RuntimeError("no sglpatch series found next to the profile or this package")
-        out["carried"] = stack.carried(root, workdir)
-        out["status"] = stack.status(root, workdir)
+        out.update(patches_of(project, workdir))
     except Exception as e:  # noqa: BLE001 — a record, not a verdict (GitPython may be absent on the box)
         out["patches_note"] = f"cannot read the workdir's patches: {type(e).__name__}: {e}"
     return out
@@ -476,7 +476,7 @@ def select_modes(srv: dict, modes: str | None) -> list[dict]:
     known = {m["name"]: m for m in srv["modes"]}
     bad = [n for n in names if n not in known]
     if bad:
-        raise _usage(f"--modes: unknown mode(s) {bad}; the profile has {sorted(known)}")
+        raise usage_error(f"--modes: unknown mode(s) {bad}; the profile has {sorted(known)}")
     return [known[n] for n in names]
 
 
@@ -493,13 +493,13 @@ def tier_server(prof: dict, project: Path, report_dir: Path, base_env: dict, mod
     if parity_with:
         old_path = Path(parity_with) / "report.json"
         if not old_path.is_file():
-            raise _usage(f"--parity-with {parity_with}: no report.json there")
+            raise usage_error(f"--parity-with {parity_with}: no report.json there")
         old = json.loads(old_path.read_text())
     bench = srv["benchmark"]
     if num_requests(bench) > len(bench["prompts"]) or num_requests(bench) < 1:
-        raise _usage(f"[server.benchmark] num_requests = {num_requests(bench)} needs as many distinct prompts "
+        raise usage_error(f"[server.benchmark] num_requests = {num_requests(bench)} needs as many distinct prompts "
                      f"(has {len(bench['prompts'])}); repeated prompts would hit the radix cache")
-    python = _expand(srv["python"] or sys.executable)
+    python = expand(srv["python"] or sys.executable)
     prompts_file = report_dir / "bench-prompts.jsonl"
     digest = write_prompts(prompts_file, bench["prompts"])
     tr.data["prompts"] = {"file": prompts_file.name, "sha": digest, "count": len(bench["prompts"])}
@@ -508,7 +508,7 @@ def tier_server(prof: dict, project: Path, report_dir: Path, base_env: dict, mod
     results = [run_server_mode(srv, mode, report_dir, base_env, python, prompts_file) for mode in selected]
     tr.data["modes"] = results
     tr.md = mode_table(tr, srv, selected, results)
-    first_token = token_differ(python, _expand(bench.get("tokenizer") or srv["model_path"]), base_env)
+    first_token = token_differ(python, expand(bench.get("tokenizer") or srv["model_path"]), base_env)
     tr.data["parity"] = parity_checks(tr, srv, report_dir, results, old, parity_with, digest, first_token)
     tr.md += parity_markdown(tr.data["parity"]) + served_markdown(tr.data["served_by"], results)
     tr.md += ["", "Commands and logs (rerun a benchmark by hand against a running server with the "
@@ -523,7 +523,7 @@ def tier_server(prof: dict, project: Path, report_dir: Path, base_env: dict, mod
                          + (f", env added {benv}" if benv else "") + ")")
     if tr.status != "fail":
         tr.status = "pass"
-    tr.summary = "; ".join(f"{m['mode']}: {_fmt((m.get('benchmark') or {}).get('single_stream_tok_s'))} tok/s"
+    tr.summary = "; ".join(f"{m['mode']}: {fmt((m.get('benchmark') or {}).get('single_stream_tok_s'))} tok/s"
                            + ("" if m.get("status") == "ok" else " (failed)") for m in results)
     bad = [p["name"] for p in tr.data["parity"] if p["status"] != "same"]
     if tr.data["parity"]:
@@ -574,9 +574,9 @@ def mode_table(tr: TierResult, srv: dict, cfgs: list[dict], modes: list[dict]) -
             elif not pays:
                 verdict += " (not gated)"
         acc = b.get("accept_length") or (m.get("served") or {}).get("avg_spec_accept_length")
-        md.append(f"| {m['mode']} | {m.get('status')} | {_fmt(tok)} | {_fmt(b.get('median_tpot_ms'), 2)} | "
-                  f"{_fmt(b.get('median_ttft_ms'), 1)} | {_fmt(b.get('output_throughput'))} | {_fmt(acc, 2)} | "
-                  f"{_fmt(vms, 2)} | {_fmt(vp.get('break_even_accept_length'), 2)} | {verdict} |")
+        md.append(f"| {m['mode']} | {m.get('status')} | {fmt(tok)} | {fmt(b.get('median_tpot_ms'), 2)} | "
+                  f"{fmt(b.get('median_ttft_ms'), 1)} | {fmt(b.get('output_throughput'))} | {fmt(acc, 2)} | "
+                  f"{fmt(vms, 2)} | {fmt(vp.get('break_even_accept_length'), 2)} | {verdict} |")
     first = modes[0] if modes else None
     t0 = ((first or {}).get("benchmark") or {}).get("single_stream_tok_s")
     for m in modes[1:]:

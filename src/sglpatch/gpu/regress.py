@@ -1,0 +1,144 @@
+"""GPU regression suite: tiers cpu, kernel and server; report.json + report.md.
+
+Exit status of `sglpatch regress` (also what `sglpatch bisect` sees):
+  0    every tier that ran passed
+  1    a regression or failure (wrong result, crash, below baseline, leftover process)
+  125  the requested tier cannot run here (no GPUs, no torch): `git bisect run` skips
+  2    a usage error (unknown profile, bad profile file)
+
+Every GPU step runs under a timeout in its own process session; on timeout or when the
+step ends, the whole tree it started (tracked by PID and start time, also children that
+left the session) is terminated, never anything found by name.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import shlex
+import sys
+from pathlib import Path
+
+from sglpatch.errors import SglpatchError
+from sglpatch.gpu.kernel import tier_kernel
+from sglpatch.gpu.profiles import find_project_root, load_profile, resolve_profile_path, usage_error
+from sglpatch.gpu.report import write_report
+from sglpatch.gpu.tier_cpu import tier_cpu
+
+TIERS = ("cpu", "kernel", "server")
+EXIT_PASS, EXIT_FAIL, EXIT_CANNOT_RUN = 0, 1, 125
+
+
+def run_regress(tier: str = "all", profile: str | None = None, report: str | None = None,
+                project: str | None = None, baseline: str | None = None, argv: list[str] | None = None,
+                stress: int | None = None, modes: str | None = None, parity_with: str | None = None) -> dict:
+    if tier not in (*TIERS, "all"):
+        raise usage_error(f"unknown tier {tier!r}; choose cpu, kernel, server or all")
+    proj = Path(project).resolve() if project else find_project_root()
+    prof_path = resolve_profile_path(profile, proj) if profile else None
+    prof = load_profile(prof_path)
+    started = datetime.datetime.now(datetime.timezone.utc)
+    report_dir = Path(report) if report else Path.cwd() / f"regress-{started.strftime('%Y%m%d-%H%M%S')}"
+    report_dir = report_dir.resolve()
+    report_dir.mkdir(parents=True, exist_ok=True)
+    if baseline and not Path(baseline).is_file():
+        raise usage_error(f"--baseline {baseline}: no such file (give a previous report.json)")
+    base_env = dict(os.environ)
+    base_env.update({k: str(v) for k, v in prof["env"].items()})
+    wanted = list(TIERS) if tier == "all" else [tier]
+    results = []
+    for t in TIERS:
+        if t not in wanted:
+            continue
+        if t == "cpu":
+            results.append(tier_cpu(prof, proj, report_dir, base_env))
+        elif t == "kernel":
+            results.append(tier_kernel(prof, proj, report_dir, base_env, Path(baseline) if baseline else None,
+                                       stress=stress))
+        else:
+            from sglpatch.gpu.server import tier_server
+
+            results.append(tier_server(prof, proj, report_dir, base_env, modes=modes, parity_with=parity_with))
+    if any(r.status == "fail" for r in results):
+        status, code = "fail", EXIT_FAIL
+    elif any(r.status == "pass" for r in results) and (tier == "all" or results[0].status == "pass"):
+        status, code = "pass", EXIT_PASS
+    else:
+        status, code = "cannot_run", EXIT_CANNOT_RUN
+    doc = {"schema": "sglpatch.regress/1", "status": status, "exit_code": code,
+           "command": shlex.join(argv) if argv else f"sglpatch regress --tier {tier}",
+           "cwd": os.getcwd(), "started_utc": started.isoformat(timespec="seconds"),
+           "finished_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+           "profile": str(prof_path) if prof_path else None, "target": prof["target"],
+           "profile_env": prof["env"], "project": str(proj)}
+    write_report(report_dir, doc, results)
+    return {"status": status, "exit_code": code, "report_dir": str(report_dir),
+            "tiers": [(r.name, r.status, r.summary, r.failures) for r in results]}
+
+
+DESCRIPTION = ("Exit 0: every tier that ran passed; 1: a regression; 2: a usage error; 125: the tier "
+               "cannot run here (no GPUs), so `git bisect run` skips.")
+
+
+def _stress_count(text: str) -> int:
+    n = int(text) if text.isdigit() else 0
+    if n <= 0:
+        raise argparse.ArgumentTypeError(f"--stress wants a positive number of iterations, not {text!r}")
+    return n
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The options of `sglpatch regress` (also `python -m sglpatch.gpu.regress` on a GPU box)."""
+    p.add_argument(
+        "--tier",
+        choices=[*TIERS, "all"],
+        default="all",
+        help="cpu: the patch tests on the installed sglang; kernel: allreduce latency and correctness (>= 2 GPUs); "
+        "server: the patched server's tok/s against the baseline; all: each in turn",
+    )
+    p.add_argument("--profile", help="targets/NAME.toml, or NAME of a file in targets/ (e.g. rtx6000x8-kimi-k25)")
+    p.add_argument("--report", help="report folder (default: ./regress-<UTC time>)")
+    p.add_argument("--baseline", help="a previous report.json to compare kernel latencies with (same hardware only)")
+    p.add_argument("--project", help="the sglpatch checkout holding targets/ and tests/ (default: found from cwd)")
+    p.add_argument("--stress", type=_stress_count, nargs="?", const=-1, default=None, metavar="N",
+                   help="tier kernel also runs N allreduces per non-NCCL backend and mode, each compared exactly "
+                   "with NCCL (N omitted: the profile's [kernel] stress_iterations, 1000000 on the target)")
+    p.add_argument("--modes", help="server tier: run these [[server.modes]] (comma-separated, or 'all'); "
+                   "default: every mode not marked optional")
+    p.add_argument("--parity-with", metavar="REPORT_DIR",
+                   help="server tier: greedy outputs of each mode must equal those of the same mode in REPORT_DIR")
+
+
+def run_args(args: argparse.Namespace, prog: list[str]) -> int:
+    """Run what add_arguments parsed; print one line per tier and where the report is."""
+    argv = [*prog, "--tier", args.tier]
+    for flag in ("profile", "report", "baseline", "project", "modes", "parity_with"):
+        if getattr(args, flag):
+            argv += [f"--{flag.replace('_', '-')}", getattr(args, flag)]
+    if args.stress is not None:
+        argv += ["--stress"] + ([str(args.stress)] if args.stress >= 0 else [])
+    res = run_regress(tier=args.tier, profile=args.profile, report=args.report, project=args.project,
+                      baseline=args.baseline, argv=argv, stress=args.stress, modes=args.modes,
+                      parity_with=args.parity_with)
+    for name, status, summary, failures in res["tiers"]:
+        print(f"tier {name}: {status}: {summary}", *[f"  - {f}" for f in failures[:20]], sep="\n")
+    print(f"regress: {res['status']} (exit {res['exit_code']}); report: {res['report_dir']}/report.md")
+    return res["exit_code"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m sglpatch.gpu.regress ...`: the same as `sglpatch regress`, without the series side's
+    dependencies (for a GPU box that has only this package's files)."""
+    p = argparse.ArgumentParser(prog="python -m sglpatch.gpu.regress", description=DESCRIPTION)
+    add_arguments(p)
+    args = p.parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        return run_args(args, ["python", "-m", "sglpatch.gpu.regress"])
+    except SglpatchError as e:
+        print(f"sglpatch: error: {e}", file=sys.stderr)
+        return e.exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
