@@ -1,7 +1,9 @@
 """The only place that runs git: fixed flags, validated refs and URLs.
 
 Every call goes through :class:`Git`, which runs the git binary through GitPython's
-``Git.execute`` with
+``Git.execute`` (commands that change things, and plumbing whose output we parse) or reads
+through GitPython's object model (``Git.repo``: refs, HEAD, commit messages, blobs, the
+repository's own config), in both cases with
 
 * the user's global/system configuration ignored for local operations, so a
   ``diff.noprefix``, ``format.signature`` or ``core.autocrlf`` on the container
@@ -14,6 +16,8 @@ Every call goes through :class:`Git`, which runs the git binary through GitPytho
 
 from __future__ import annotations
 
+import configparser
+import functools
 import os
 import re
 import subprocess
@@ -218,6 +222,20 @@ class Git:
         return out.strip()
 
     # -- queries ------------------------------------------------------------
+    def _local_env(self) -> dict[str, str]:
+        return {**_base_env(), "GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": os.devnull}
+
+    @functools.cached_property
+    def repo(self) -> gitpython.Repo:
+        """GitPython's object model of this repository (refs, commits, blobs, local config); the
+        git processes it starts (``cat-file --batch``) get run()'s fixed local environment."""
+        try:
+            repo = gitpython.Repo(self.workdir)
+        except (gitpython.exc.InvalidGitRepositoryError, gitpython.exc.NoSuchPathError):
+            raise GitError(f"{self.workdir} is not a git repository") from None
+        repo.git.update_environment(**self._local_env())
+        return repo
+
     def is_repo(self) -> bool:
         if not (self.workdir / ".git").exists():
             return False
@@ -231,17 +249,21 @@ class Git:
         return out.strip() if rc == 0 else None
 
     def blob_id(self, commit: str, path: str) -> str | None:
-        rc, out, _ = self.run("rev-parse", "--verify", "--quiet", f"{commit}:{path}", check=False)
-        return out.strip() if rc == 0 else None
+        try:
+            return (self.repo.commit(commit).tree / path).hexsha
+        except (KeyError, ValueError, gitpython.exc.BadName):
+            return None
 
     def current_branch(self) -> str | None:
         """Branch HEAD points at (also when unborn), or None when detached."""
-        rc, out, _ = self.run("symbolic-ref", "--quiet", "--short", "HEAD", check=False)
-        return out.strip() if rc == 0 else None
+        head = self.repo.head
+        return None if head.is_detached else head.reference.name
 
     def head_commit(self) -> str | None:
-        rc, out, _ = self.run("rev-parse", "--verify", "--quiet", "HEAD", check=False)
-        return out.strip() if rc == 0 else None
+        try:
+            return self.repo.head.commit.hexsha
+        except ValueError:  # unborn branch
+            return None
 
     def dirty_files(self) -> list[str]:
         """Tracked files with uncommitted changes (staged or not)."""
@@ -260,14 +282,22 @@ class Git:
         return result
 
     def subject(self, commit: str) -> str:
-        return self.run("log", "-1", "--format=%s", commit)
+        """What ``git log --format=%s`` shows: the message's first paragraph on one line."""
+        first = self.repo.commit(commit).message.strip().split("\n\n", 1)[0]
+        return " ".join(line.strip() for line in first.splitlines())
 
     def config_get(self, key: str) -> str | None:
-        rc, out, _ = self.run("config", "--local", "--get", key, check=False)
-        return out.strip() if rc == 0 else None
+        """A value of the repository's own config (.git/config), as text."""
+        section, _, option = key.rpartition(".")
+        try:
+            return self.repo.config_reader("repository").get(section, option)
+        except (configparser.NoSectionError, configparser.NoOptionError):
+            return None
 
     def config_set(self, key: str, value: str) -> None:
-        self.run("config", "--local", key, value)
+        section, _, option = key.rpartition(".")
+        with self.repo.config_writer("repository") as cfg:
+            cfg.set_value(section, option, value)
 
     def update_ref(self, ref: str, new: str, old: str | None = None, message: str = "sglpatch") -> None:
         args = ["update-ref", "-m", message, ref, new]
