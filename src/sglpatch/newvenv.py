@@ -21,6 +21,7 @@ import zipfile
 from dataclasses import dataclass, field
 from email.parser import Parser
 from pathlib import Path
+from urllib.parse import unquote, urlparse
 
 from sglpatch import preflight, upstream
 from sglpatch.errors import SglpatchError, say
@@ -124,9 +125,20 @@ def python_version(python: str) -> str:
 
 def _one_line(text: str) -> str:
     lines = [re.sub(r"^[\s×╰─▶│]+", "", ln).strip() for ln in text.splitlines()]
-    lines = [ln for ln in lines if ln and not ln.startswith(("hint:", "help:"))]
+    lines = [re.sub(r"^(error|cause|hint|ERROR): ", "", ln) for ln in lines if ln and not ln.startswith("help:")]
     joined = " ".join(lines)
-    return joined if len(joined) <= 400 else joined[:397] + "..."
+    return joined if len(joined) <= 600 else joined[:597] + "..."
+
+
+def _size(artifact: dict) -> int | None:
+    """An artifact's size from the lock, or from the file itself for a local (file://) one."""
+    if artifact.get("size") is not None:
+        return int(artifact["size"])
+    url = artifact.get("url", "")
+    if url.startswith("file://"):
+        path = Path(unquote(urlparse(url).path))
+        return path.stat().st_size if path.is_file() else None
+    return None
 
 
 def resolve(reqs: list[str], python: str, installer: str, tmp: Path) -> tuple[Plan, str | None]:
@@ -147,7 +159,8 @@ def resolve(reqs: list[str], python: str, installer: str, tmp: Path) -> tuple[Pl
             return plan, _one_line(proc.stderr or proc.stdout)
         for p in tomllib.loads(out.read_text())["packages"]:
             wheels = p.get("wheels") or []
-            size = max((w.get("size") or 0 for w in wheels), default=None) if wheels else (p.get("sdist") or {}).get("size")
+            sizes = [_size(w) for w in wheels] if wheels else [_size(p.get("sdist") or {})]
+            size = None if None in sizes else max(sizes)
             plan.packages.append(Package(norm(p["name"]), str(p["version"]), bool(wheels), size, norm(p["name"]) in pins))
         return plan, None
     report = tmp / "report.json"

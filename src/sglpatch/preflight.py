@@ -109,6 +109,10 @@ def check_python(plan, resolve_error: str | None) -> Check:
     return Check("python", True, f"{py}: every pinned and binary package has a wheel ({len(plan.packages)} packages)")
 
 
+def size(n: int) -> str:
+    return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
+
+
 def _existing(path: Path) -> Path:
     path = path.absolute()
     while not path.exists():
@@ -122,11 +126,11 @@ def check_disk(plan, venv_dir: Path) -> Check:
     free = st.f_bavail * st.f_frsize
     if plan.download_bytes:
         need = DISK_FACTOR * plan.download_bytes
-        how = f"{DISK_FACTOR} x {plan.download_bytes / 2**30:.1f} GiB of wheels"
+        how = f"{DISK_FACTOR} x {size(plan.download_bytes)} of wheels"
     else:
         need = DISK_FLOOR_GIB * 2**30
         how = "the stated floor; the resolver gave no sizes"
-    text = f"{free / 2**30:.1f} GiB free at {where}, need ~{need / 2**30:.1f} GiB ({how})"
+    text = f"{size(free)} free at {where}, need ~{size(need)} ({how})"
     if free < need:
         return Check("disk", False, text + "; free space or pick another --venv directory")
     return Check("disk", True, text)
