@@ -15,12 +15,15 @@
 # patched tree, after a preflight (NVIDIA driver vs the torch build's CUDA, wheels for the
 # Python, free disk, nvcc >= 12.9 when --with-flashinfer on SM12x) that refuses with one line
 # per failed condition. --dry-run prints the verdict and the resolved plan, changing nothing.
-# The tool itself then runs from this checkout's .venv (created if needed), never from PYTHON.
+# The tree goes to its own workdir (WORKDIR-VERSION unless --workdir is given; refused when it is
+# the tree PYTHON serves from). The tool itself runs from this checkout's .venv (created if
+# needed) unless PYTHON already has it; nothing is installed into PYTHON.
 set -euo pipefail
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 check_values apply.sh "$@"
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 WORKDIR="${SGLANG_FORK_DIR:-$HOME/sglang-fork}"
+WORKDIR_GIVEN=()
 SOURCE=auto
 PY=""
 WITH_FLASHINFER=0
@@ -28,10 +31,10 @@ VENV=""
 EXTRA=()
 while [ $# -gt 0 ]; do
   case "$1" in
-    --workdir) WORKDIR="$2"; shift 2 ;;
+    --workdir) WORKDIR="$2"; WORKDIR_GIVEN=(--workdir "$2"); shift 2 ;;
     --python) PY="$2"; shift 2 ;;
     --source) SOURCE="$2"; shift 2 ;;
-    --workdir=*) WORKDIR="${1#*=}"; shift ;;
+    --workdir=*) WORKDIR="${1#*=}"; WORKDIR_GIVEN=(--workdir "$WORKDIR"); shift ;;
     --python=*) PY="${1#*=}"; shift ;;
     --source=*) SOURCE="${1#*=}"; shift ;;
     --with-flashinfer) WITH_FLASHINFER=1; shift ;;
@@ -49,7 +52,8 @@ if [ -z "$PY" ]; then
   elif [ -x "$HOME/ml-env/bin/python3" ]; then PY="$HOME/ml-env/bin/python3"
   else PY="$(command -v python3)"; fi
 fi
-echo "apply.sh: python $PY, workdir $WORKDIR, source $SOURCE" >&2
+if [ -n "$VENV" ]; then echo "apply.sh: new venv $VENV from python $PY, source $SOURCE" >&2
+else echo "apply.sh: python $PY, workdir $WORKDIR, source $SOURCE" >&2; fi
 
 UV="$(command -v uv || true)"; [ -z "$UV" ] && [ -x "$HOME/.local/bin/uv" ] && UV="$HOME/.local/bin/uv"
 pip_install() {  # installs into $PY with uv when available (the user's habit), else pip
@@ -67,7 +71,8 @@ if [ -n "$VENV" ]; then
     fi
   fi
   [ "$WITH_FLASHINFER" = 1 ] && EXTRA+=(--with-flashinfer)
-  exec "$TOOL" -m sglpatch.cli apply --project "$HERE" --workdir "$WORKDIR" --source "$SOURCE" --python "$PY" --venv "$VENV" ${EXTRA[@]+"${EXTRA[@]}"}
+  # without --workdir the tree goes to WORKDIR-VERSION: the serving venv's editable tree stays as it is
+  exec "$TOOL" -m sglpatch.cli apply --project "$HERE" ${WORKDIR_GIVEN[@]+"${WORKDIR_GIVEN[@]}"} --source "$SOURCE" --python "$PY" --venv "$VENV" ${EXTRA[@]+"${EXTRA[@]}"}
 fi
 if ! "$PY" -c "import sglpatch" 2>/dev/null; then
   echo "apply.sh: installing the sglpatch tool into $PY" >&2

@@ -236,6 +236,21 @@ def test_several_failures_one_line_each_and_an_existing_venv_is_refused(env, pro
     assert proc.returncode == 1 and f"--venv {serving} exists and is not empty" in proc.stderr
 
 
+def test_the_serving_venvs_own_tree_is_refused(env, project_copy, tmp_path):
+    """An editable install points at the workdir: rebuilding that tree would change the serving venv."""
+    serving_py = make_venv(tmp_path / "serving")
+    tree = tmp_path / "sglang-fork"
+    (tree / "python" / "sglang").mkdir(parents=True)
+    (tree / "python" / "sglang" / "__init__.py").write_text("")
+    site = subprocess.run([str(serving_py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], capture_output=True, text=True)
+    (Path(site.stdout.strip()) / "__editable__.sglang.pth").write_text(f"{tree / 'python'}\n")
+    art = release(tmp_path, [])
+    args = ["apply", "--project", str(project_copy), "--workdir", str(tree), "--venv", str(tmp_path / "new"), "--dry-run"]
+    proc = sglpatch(*args, "--release-artifact", str(art), "--python", str(serving_py), env=env["env"])
+    assert proc.returncode == 1 and f"serves sglang from {tree} (editable): the new venv needs its own tree" in proc.stderr, proc.stderr
+    assert "plan:" not in proc.stdout
+
+
 @needs_uv
 def test_build_makes_a_new_venv_and_leaves_the_serving_one_alone(env, project_copy, tmp_path):
     """A real (small) build: the plan from the local index, then the patched tree editable."""

@@ -102,6 +102,9 @@ def _cmd_apply(args) -> int:
         prep = None
         if args.venv:
             base = args.python or sys.executable
+            if not args.workdir:  # its own tree: the serving venv's editable install must not move under it
+                workdir = workdir.with_name(f"{workdir.name}-{read_lock(project).version}")
+            newvenv.guard_workdir(workdir, base)
             prep = newvenv.prepare(project, args.venv, base, args.installer, args.with_flashinfer, args.release_artifact, args.dry_run)
             if prep.refused:
                 raise SglpatchError(f"preflight refused: {len(prep.refused)} condition(s) failed (the FAIL lines above); nothing was created")
@@ -214,7 +217,8 @@ def _add_core(sub) -> None:
         "--venv",
         metavar="DIR",
         help="build a NEW venv in DIR (must not exist or be empty) from --python with the release's full pinned dependency set "
-        "(resolved by uv or pip) plus the patched tree, after a preflight (driver, Python wheels, disk, nvcc for P1); no other venv is touched",
+        "(resolved by uv or pip) plus the patched tree, after a preflight (driver, Python wheels, disk, nvcc for P1); no other venv is touched; "
+        "the tree goes to its own workdir (default: the usual one with -VERSION appended)",
     )
     p.add_argument("--dry-run", action="store_true", help="with --venv: print the preflight verdict and the resolved plan; change nothing")
     p.add_argument("--with-flashinfer", action="store_true", help="with --venv: P1 will be enabled (flashinfer >= 0.6.17; nvcc >= 12.9 on SM12x)")

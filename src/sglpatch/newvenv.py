@@ -178,6 +178,21 @@ def resolve(reqs: list[str], python: str, installer: str, tmp: Path) -> tuple[Pl
     return plan, None
 
 
+def guard_workdir(workdir: Path, python: str) -> None:
+    """Refuse a workdir that python's sglang is installed editable from: rebuilding it would change
+    what that (serving) venv runs. Looked up without importing sglang."""
+    code = "import importlib.util as u; s = u.find_spec('sglang'); print(s.origin if s and s.origin else '')"
+    try:
+        origin = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=60, cwd="/").stdout.strip()
+    except (OSError, subprocess.TimeoutExpired):
+        return
+    if origin and Path(origin).resolve().is_relative_to((Path(workdir) / "python").resolve()):
+        raise SglpatchError(
+            f"{python} serves sglang from {workdir} (editable): the new venv needs its own tree; pass --workdir NEWDIR "
+            "(nothing was changed)"
+        )
+
+
 @dataclass
 class Prepared:
     venv_dir: Path
