@@ -108,6 +108,7 @@ def test_all_conditions_pass_and_the_plan_is_the_resolvers(env, project_copy):
     assert "resolved by: " in proc.stdout and "uv pip compile" in proc.stdout
     assert "the release's pins: nvidia-cuda-runtime-cu12==12.8.90\n" in proc.stdout  # pinned ones only; the extra is ignored
     assert "sglpatch-fake-dep==1.0" in proc.stdout and proc.stdout.startswith("plan: 2 packages for Python ")  # no extra
+    assert f"plan: pins that differ from what {sys.executable} has (it stays as it is): nvidia-cuda-runtime-cu12 (none) -> 12.8.90\n" in proc.stdout
     assert "preflight: ok driver: driver 570.133.20 >= 525.60.13 for CUDA 12 (from nvidia-cuda-runtime-cu12 12.8.90)" in proc.stdout
     assert "preflight: ok python:" in proc.stdout and "preflight: ok disk:" in proc.stdout
     assert "preflight: skip nvcc: not needed" in proc.stdout and proc.stdout.rstrip().endswith("preflight: verdict: pass")

@@ -232,13 +232,26 @@ def prepare(project: Path, venv_dir: Path, python: str, installer: str, p1: bool
     return prep
 
 
+def installed_versions(python: str) -> dict[str, str]:
+    """{normalized name: version} of what python has installed now (read only)."""
+    code = "import importlib.metadata as m, json; print(json.dumps({d.metadata['Name']: d.version for d in m.distributions()}))"
+    try:
+        proc = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=120, cwd="/")
+        return {norm(k): v for k, v in json.loads(proc.stdout).items() if k}
+    except (OSError, subprocess.TimeoutExpired, ValueError):
+        return {}
+
+
 def report(prep: Prepared, full: bool) -> None:
     plan = prep.plan
     print(f"plan: {len(plan.packages)} packages for Python {plan.python_version} ({plan.python}), resolved by: {plan.command}")
     for note in prep.notes:
         print(f"plan: override: {note}")
-    pins = [f"{p.name}=={p.version}" for p in plan.packages if p.pinned]
-    print(f"plan: the release's pins: {' '.join(pins) if pins else '(none)'}")
+    pins = [p for p in plan.packages if p.pinned]
+    print(f"plan: the release's pins: {' '.join(f'{p.name}=={p.version}' for p in pins) if pins else '(none)'}")
+    have = installed_versions(plan.python)
+    delta = [f"{p.name} {have.get(p.name, '(none)')} -> {p.version}" for p in pins if have.get(p.name) != p.version]
+    print(f"plan: pins that differ from what {plan.python} has (it stays as it is): {', '.join(delta) if delta else 'none'}")
     if full:
         for p in plan.packages:
             size = f"{p.size / 2**20:9.1f} MiB" if p.size is not None else "        ?"
