@@ -253,7 +253,8 @@ def test_the_serving_venvs_own_tree_is_refused(env, project_copy, tmp_path):
 
 
 @needs_uv
-def test_build_makes_a_new_venv_and_leaves_the_serving_one_alone(env, project_copy, tmp_path):
+@pytest.mark.parametrize("installer", ["uv", "pip"])
+def test_build_makes_a_new_venv_and_leaves_the_serving_one_alone(env, project_copy, tmp_path, installer):
     """A real (small) build: the plan from the local index, then the patched tree editable."""
     serving = tmp_path / "serving"
     serving_py = make_venv(serving)
@@ -263,14 +264,16 @@ def test_build_makes_a_new_venv_and_leaves_the_serving_one_alone(env, project_co
     new = tmp_path / "new"
     e = dict(os.environ, **env["env"])
     e.pop("UV_DEFAULT_INDEX")  # the editable build needs setuptools from the registry (uv's cache)
+    e.pop("PIP_NO_INDEX")
     proc = sglpatch(
         "apply", "--project", str(project_copy), "--workdir", str(tmp_path / "fork"), "--source", "sdist", "--venv", str(new),
-        "--release-artifact", str(art), "--python", str(serving_py), env=e,
+        "--release-artifact", str(art), "--python", str(serving_py), "--installer", installer, env=e,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "preflight: verdict: pass" in proc.stdout and "the release's pins: sglpatch-fake-dep==1.0" in proc.stdout
     assert f"installed sglang editable from {(tmp_path / 'fork').resolve()}/python into {new}/bin/python" in proc.stdout
-    assert "the way back: your old interpreter" in proc.stdout and (new / "sglpatch-plan.toml").is_file()
+    assert "the way back: your old interpreter" in proc.stdout
+    assert (new / ("sglpatch-plan.toml" if installer == "uv" else "sglpatch-plan.txt")).is_file()
     listing = subprocess.run([UV, "pip", "list", "--python", str(new / "bin" / "python")], capture_output=True, text=True).stdout
     assert "sglpatch-fake-dep" in listing and "sglang" in listing
     assert sorted(p.name for p in serving.rglob("*")) == before  # the serving venv is untouched
