@@ -9,7 +9,7 @@ import os
 import sys
 from pathlib import Path
 
-from sglpatch import __version__, install, stack, upstream
+from sglpatch import __version__, install, newvenv, stack, upstream
 from sglpatch.errors import SglpatchError
 from sglpatch.lock import read_lock
 
@@ -93,8 +93,23 @@ def _os_error(e: OSError) -> SglpatchError:
 
 
 def _cmd_apply(args) -> int:
+    if (args.dry_run or args.release_artifact) and not args.venv:
+        raise SglpatchError("--dry-run and --release-artifact go with --venv DIR")
+    if args.venv and args.no_install:
+        raise SglpatchError("--venv DIR installs into a new venv; --no-install contradicts it")
     try:
         project, workdir = _project(args), _workdir(args)
+        prep = None
+        if args.venv:
+            base = args.python or sys.executable
+            if not args.workdir:  # its own tree: the serving venv's editable install must not move under it
+                workdir = workdir.with_name(f"{workdir.name}-{read_lock(project).version}")
+            newvenv.guard_workdir(workdir, base)
+            prep = newvenv.prepare(project, args.venv, base, args.installer, args.with_flashinfer, args.release_artifact, args.dry_run)
+            if prep.refused:
+                raise SglpatchError(f"preflight refused: {len(prep.refused)} condition(s) failed (the FAIL lines above); nothing was created")
+            if args.dry_run:
+                return 0
         if args.upstream_url:
             upstream.validate_url(args.upstream_url)
         source = args.source
@@ -107,7 +122,11 @@ def _cmd_apply(args) -> int:
             project, workdir, source=source, force=args.force, python=args.python, url=args.upstream_url, sdist_fallback=args.source == "auto"
         )
         print(result.message)
-        if not args.no_install:
+        if prep:
+            newvenv.create(prep, args.python or sys.executable)
+            print(install.install(workdir, python=str(prep.python), installer=prep.plan.installer, version=read_lock(project).version))
+            _venv_summary(prep, args)
+        elif not args.no_install:
             print(install.install(workdir, python=args.python, installer=args.installer, version=read_lock(project).version))
             py = args.python or sys.executable
             have = install.installed_sglang(py)
@@ -122,6 +141,14 @@ def _cmd_apply(args) -> int:
         return 0
     except OSError as e:
         raise _os_error(e) from None
+
+
+def _venv_summary(prep, args) -> None:
+    py = str(prep.python)
+    have = install.installed_sglang(py)
+    print(f"{py} imports sglang {have[1]} from {have[0]}" if have else f"warning: {py} cannot import sglang (a GPU-only dependency may need CUDA: run `{py} -c \"import sglang\"` to see which)")
+    print(f"new venv {prep.venv_dir}: {len(prep.plan.packages)} packages (the plan above; recorded in {prep.venv_dir}/sglpatch-plan*)")
+    print(f"serve from it: {py} -m sglang.launch_server ...; the way back: your old interpreter ({args.python or sys.executable}) was not touched")
 
 
 def _cmd_export(args) -> int:
@@ -186,6 +213,16 @@ def _add_core(sub) -> None:
     p.add_argument("--python", help="interpreter to install into (default: this one)")
     p.add_argument("--installer", choices=["auto", "pip", "uv"], default="auto", help="auto: uv when found, else pip")
     p.add_argument("--force", action="store_true", help="rebuild even over unexported commits (kept as a backup ref)")
+    p.add_argument(
+        "--venv",
+        metavar="DIR",
+        help="build a NEW venv in DIR (must not exist or be empty) from --python with the release's full pinned dependency set "
+        "(resolved by uv or pip) plus the patched tree, after a preflight (driver, Python wheels, disk, nvcc for P1); no other venv is touched; "
+        "the tree goes to its own workdir (default: the usual one with -VERSION appended)",
+    )
+    p.add_argument("--dry-run", action="store_true", help="with --venv: print the preflight verdict and the resolved plan; change nothing")
+    p.add_argument("--with-flashinfer", action="store_true", help="with --venv: P1 will be enabled (flashinfer >= 0.6.17; nvcc >= 12.9 on SM12x)")
+    p.add_argument("--release-artifact", metavar="PATH", help="with --venv: the release's sdist or wheel to read the pins from (default: the locked sdist)")
     p.set_defaults(func=_cmd_apply)
 
     p = sub.add_parser("export", help="write upstream..patched back to patches/ and series (byte-stable)")

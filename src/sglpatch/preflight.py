@@ -1,0 +1,173 @@
+"""Preflight for a new venv (``apply --venv``): can the release's pinned set run here?
+
+Each condition reads the real environment (``nvidia-smi`` and ``nvcc`` as found on PATH /
+CUDA_HOME, the filesystem under the venv directory) and the resolved install plan; each gives
+one line. A failed condition is one line starting ``FAIL``; apply refuses when any fails.
+
+Driver floors per CUDA major are NVIDIA's minor-version-compatibility table (CUDA
+Compatibility guide, "CUDA Toolkit 11.x, 12.x, and 13.x Driver Version Ranges"; 12.0 GA
+shipped with 525.60.13 on Linux): CUDA 12.x needs >= 525.60.13, CUDA 13.x needs >= 580.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+DRIVER_FLOOR = {12: (525, 60, 13), 13: (580,)}
+NVCC_FOR_P1 = (12, 9)  # flashinfer's SM12x JIT (P1 on SM120) needs nvcc >= 12.9 at run time
+DISK_FACTOR = 3  # wheels unpacked (~2x) plus the installer's cached copy
+DISK_FLOOR_GIB = 25  # when the resolver gives no sizes (pip's report has none)
+BINARY = re.compile(r"^(torch|torchaudio|torchvision|triton|sgl-kernel|sglang-kernel|flashinfer-.*|nvidia-.*|cuda-.*|xgrammar)$")
+
+
+@dataclass
+class Check:
+    name: str
+    ok: bool | None  # None: not checked / not needed here
+    text: str
+
+    def line(self) -> str:
+        state = "ok" if self.ok else ("FAIL" if self.ok is False else "skip")
+        return f"preflight: {state} {self.name}: {self.text}"
+
+
+def _vtuple(text: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in re.findall(r"\d+", text))
+
+
+def _vstr(v: tuple[int, ...]) -> str:
+    return ".".join(str(x) for x in v)
+
+
+def gpus() -> tuple[list[tuple[str, str]], str]:
+    """[(driver_version, compute_cap)] from nvidia-smi, and how it was found ('' = no nvidia-smi)."""
+    exe = shutil.which("nvidia-smi")
+    if not exe:
+        return [], ""
+    try:
+        proc = subprocess.run(
+            [exe, "--query-gpu=driver_version,compute_cap", "--format=csv,noheader"], capture_output=True, text=True, timeout=60
+        )
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return [], f"{exe} failed: {e}"
+    rows = []
+    for line in proc.stdout.splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) >= 2 and re.match(r"^\d+(\.\d+)*$", parts[0]):
+            rows.append((parts[0], parts[1]))
+    if proc.returncode != 0 or not rows:
+        last = (proc.stderr or proc.stdout).strip().splitlines()
+        return [], f"{exe} answered no GPU ({last[-1] if last else 'exit ' + str(proc.returncode)})"
+    return rows, exe
+
+
+def cuda_major(plan) -> tuple[int | None, str]:
+    """The CUDA major the plan's torch is built for, and the evidence."""
+    for p in plan.packages:
+        if p.name == "torch" and "+cu" in p.version:
+            tag = p.version.split("+cu", 1)[1]
+            return int(tag[:-1]), f"torch {p.version}"
+    for p in plan.packages:
+        m = re.match(r"^nvidia-cuda-runtime(-cu(\d+))?$", p.name)
+        if m:
+            return int(m.group(2) or _vtuple(p.version)[0]), f"{p.name} {p.version}"
+    return None, ""
+
+
+def check_driver(plan) -> Check:
+    major, why = cuda_major(plan)
+    rows, exe = gpus()
+    if major is None:
+        return Check("driver", None, "the plan has no CUDA runtime (CPU-only torch?); nothing to check")
+    floor = DRIVER_FLOOR.get(major)
+    if not rows:
+        return Check("driver", None, f"{exe or 'nvidia-smi not found'}; not checked here (the plan needs CUDA {major}, from {why})")
+    driver = min((r[0] for r in rows), key=_vtuple)
+    if floor is None:
+        return Check("driver", False, f"CUDA {major} (from {why}) has no known driver floor; driver {driver}")
+    if _vtuple(driver) < floor:
+        return Check(
+            "driver",
+            False,
+            f"NVIDIA driver {driver} is too old for CUDA {major} (from {why}); it needs >= {_vstr(floor)}: upgrade the driver on the host",
+        )
+    return Check("driver", True, f"driver {driver} >= {_vstr(floor)} for CUDA {major} (from {why})")
+
+
+def check_python(plan, resolve_error: str | None) -> Check:
+    py = f"Python {plan.python_version}"
+    if resolve_error:
+        return Check("python", False, f"{py}: the release's pins cannot be installed: {resolve_error}")
+    source_only = [f"{p.name}=={p.version}" for p in plan.packages if not p.wheel and (p.pinned or BINARY.match(p.name))]
+    if source_only:
+        return Check("python", False, f"{py}: no wheel of {', '.join(source_only)} (only sources; would be compiled here); use another Python")
+    return Check("python", True, f"{py}: every pinned and binary package has a wheel ({len(plan.packages)} packages)")
+
+
+def size(n: int) -> str:
+    return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
+
+
+def _existing(path: Path) -> Path:
+    path = path.absolute()
+    while not path.exists():
+        path = path.parent
+    return path
+
+
+def check_disk(plan, venv_dir: Path) -> Check:
+    where = _existing(venv_dir)
+    st = os.statvfs(where)
+    free = st.f_bavail * st.f_frsize
+    if plan.download_bytes:
+        need = DISK_FACTOR * plan.download_bytes
+        how = f"{DISK_FACTOR} x {size(plan.download_bytes)} of wheels"
+    else:
+        need = DISK_FLOOR_GIB * 2**30
+        how = "the stated floor; the resolver gave no sizes"
+    text = f"{size(free)} free at {where}, need ~{size(need)} ({how})"
+    if free < need:
+        return Check("disk", False, text + "; free space or pick another --venv directory")
+    return Check("disk", True, text)
+
+
+def find_nvcc() -> tuple[str | None, str]:
+    home = os.environ.get("CUDA_HOME")
+    if home and (Path(home) / "bin" / "nvcc").is_file():
+        return str(Path(home) / "bin" / "nvcc"), "CUDA_HOME"
+    found = shutil.which("nvcc")
+    return (found, "PATH") if found else (None, "")
+
+
+def check_nvcc(p1: bool) -> Check:
+    if not p1:
+        return Check("nvcc", None, "not needed (P1 not requested; --with-flashinfer asks for it)")
+    rows, exe = gpus()
+    sm12 = [cap for _, cap in rows if _vtuple(cap)[:1] == (12,)]
+    if not sm12:
+        return Check("nvcc", None, f"not needed here (no SM12x GPU: {exe or 'nvidia-smi not found'})")
+    nvcc, where = find_nvcc()
+    if not nvcc:
+        return Check("nvcc", False, "P1 on SM12x needs nvcc >= 12.9 at run time; none on CUDA_HOME or PATH: set CUDA_HOME to CUDA >= 12.9")
+    try:
+        out = subprocess.run([nvcc, "--version"], capture_output=True, text=True, timeout=60).stdout
+    except (OSError, subprocess.TimeoutExpired) as e:
+        out = str(e)
+    m = re.search(r"release (\d+)\.(\d+)", out)
+    have = (int(m.group(1)), int(m.group(2))) if m else None
+    if have is None or have < NVCC_FOR_P1:
+        found = _vstr(have) if have else "an unreadable version"
+        return Check(
+            "nvcc", False, f"P1 on SM12x needs nvcc >= 12.9 at run time; {nvcc} ({where}) is {found}: set CUDA_HOME to CUDA >= 12.9"
+        )
+    return Check("nvcc", True, f"{nvcc} ({where}) is {_vstr(have)} >= 12.9 for P1 on SM{sm12[0].replace('.', '')}")
+
+
+def run(plan, venv_dir: Path, p1: bool, resolve_error: str | None = None) -> list[Check]:
+    driver = Check("driver", None, "not checked (no plan to read the CUDA major from)") if resolve_error else check_driver(plan)
+    return [check_python(plan, resolve_error), driver, check_disk(plan, venv_dir), check_nvcc(p1)]
