@@ -166,22 +166,41 @@ class FakeComm:  # plays flashinfer.comm: records the workspace size, optionally
     fail = False
     def __init__(self):
         self.created = []
-    def trtllm_create_ipc_workspace_for_all_reduce_fusion(self, rank, world_size, max_token_num, hidden_dim, group=None, use_fp32_lamport=False):
+    def _create(self, world_size, max_token_num, hidden_dim):
         self.created.append({"world_size": world_size, "max_token_num": max_token_num, "hidden_dim": hidden_dim})
         if self.fail:
             raise RuntimeError("symmetric memory rendezvous failed")
+    # the API sglang 0.5.9 calls
+    def trtllm_create_ipc_workspace_for_all_reduce_fusion(self, rank, world_size, max_token_num, hidden_dim, group=None, use_fp32_lamport=False):
+        self._create(world_size, max_token_num, hidden_dim)
         return ["handles"], torch.zeros(1)
     def trtllm_allreduce_fusion(self, **kw):
         kw["norm_out"].fill_(7.0)
         kw["residual_out"].fill_(7.0)
     def trtllm_destroy_ipc_workspace_for_all_reduce(self, *a, **k):
         pass
+    # the unified API sglang 0.5.10 calls
+    def create_allreduce_fusion_workspace(self, backend, world_size, rank, max_token_num, hidden_dim, dtype, force_oneshot_support=False):
+        self._create(world_size, max_token_num, hidden_dim)
+        return types.SimpleNamespace(is_buffer_size_sufficient=lambda **kw: True, destroy=lambda: None)
+    def allreduce_fusion(self, **kw):
+        self.trtllm_allreduce_fusion(**kw)
     AllReduceFusionPattern = types.SimpleNamespace(kARResidualRMSNorm=1)
+
+def set_comm(fake):  # what a (failed) `import flashinfer.comm` leaves behind
+    fcf._flashinfer_comm = fcf.comm = fake  # 0.5.9's initialize() calls it as `comm`
+    if hasattr(fcf, "_flashinfer_allreduce_unavailable"):  # 0.5.10 also sets this flag
+        fcf._flashinfer_allreduce_unavailable = fake is None
+
+def fusion_usable():
+    if hasattr(fcf, "is_flashinfer_allreduce_fusion_usable"):
+        return fcf.is_flashinfer_allreduce_fusion_usable()
+    return fcf._flashinfer_comm is not None and not fcf.is_flashinfer_allreduce_unavailable()
 
 comm._is_sm90_supported = False
 comm._is_sm100_supported = False
 comm._is_flashinfer_available = True
-fcf._flashinfer_comm = FakeComm()  # flashinfer.comm imported fine
+set_comm(FakeComm())  # flashinfer.comm imported fine
 for sm120 in (False, True):
     comm._is_sm120_supported = sm120
     for flag in (False, True):
@@ -197,7 +216,7 @@ out["runtime_spec_max"] = comm.get_fuse_allreduce_max_tokens()
 sa.set_global_server_args_for_scheduler(fresh(
     enable_flashinfer_allreduce_fusion=True, cuda_graph_bs=[1, 2, 4], cuda_graph_max_bs=160))
 out["runtime_bs_list_max"] = comm.get_fuse_allreduce_max_tokens()
-fcf._flashinfer_comm = None  # "import flashinfer.comm" failed
+set_comm(None)  # "import flashinfer.comm" failed
 out["runtime_no_comm"] = comm.apply_flashinfer_allreduce_fusion(1)
 out["max_tokens"] = {
     f"{sm}|{bs}|{tpb}": sa.get_flashinfer_allreduce_fusion_max_tokens(sm, bs, tpb, 2048)
@@ -215,11 +234,16 @@ allreduce_calls = []
 def fake_all_reduce(t):  # plays the TP allreduce of two ranks: this rank's partial + the peer's
     allreduce_calls.append(tuple(t.shape))
     return t + x_peer
-sdist.get_tensor_model_parallel_world_size = lambda: 2
 sdist.tensor_model_parallel_all_reduce = fake_all_reduce
-fcf.get_tensor_model_parallel_world_size = lambda: 2
+for mod in (sdist, fcf):  # two TP ranks (0.5.10 asks the attention-TP group)
+    for name, value in (("get_tensor_model_parallel_world_size", 2), ("get_attn_tensor_model_parallel_world_size", 2),
+                        ("get_attn_tensor_model_parallel_rank", 0), ("get_moe_expert_parallel_world_size", 1),
+                        ("get_moe_tensor_parallel_world_size", 2), ("get_moe_tensor_parallel_rank", 0)):
+        if hasattr(mod, name):
+            setattr(mod, name, lambda value=value: value)
 fcf.is_flashinfer_available = lambda: True
-fcf.dist.get_rank = lambda group=None: 0
+if hasattr(fcf, "dist"):
+    fcf.dist.get_rank = lambda group=None: 0
 # The op is registered for CUDA only; register the same Python body (the real one,
 # compiled from the patched source without its decorator) for CPU.
 import ast as _ast
@@ -244,7 +268,7 @@ def fallback(case):
         "res_ok": bool(torch.allclose(r, ref_res, atol=1e-5)),
         "allreduce_calls": len(allreduce_calls),
         "warnings": list(cap.records),
-        "usable": fcf.is_flashinfer_allreduce_fusion_usable(),
+        "usable": fusion_usable(),
         "gate": comm.apply_flashinfer_allreduce_fusion(TOK),
     }
 
@@ -252,16 +276,16 @@ comm._is_sm120_supported = True
 sa.set_global_server_args_for_scheduler(fresh(
     enable_flashinfer_allreduce_fusion=True, cuda_graph_max_bs=8,
     speculative_algorithm="EAGLE3", speculative_num_draft_tokens=4))
-fcf._flashinfer_comm = None
+set_comm(None)
 out["fallback_no_comm"] = fallback("no_comm")
 fake = FakeComm()
-fcf._flashinfer_comm = fcf.comm = fake  # initialize() calls it as `comm`
+set_comm(fake)
 fcf._workspace_manager = fcf.FlashInferWorkspaceManager()
 with torch.no_grad():
     norm.forward_with_allreduce_fusion(x_mine.clone(), res.clone())
 out["workspace_created"] = fake.created
 fake = FakeComm(); fake.fail = True
-fcf._flashinfer_comm = fcf.comm = fake
+set_comm(fake)
 fcf._workspace_manager = fcf.FlashInferWorkspaceManager()
 out["fallback_ws_fail"] = fallback("ws_fail")
 out["fallback_ws_fail_again"] = fallback("ws_fail_again")
@@ -412,7 +436,8 @@ def test_unfused_fallback_still_allreduces(result, case):
 
 def test_workspace_failure_warns_once_and_is_not_retried(result):
     first, again = result["fallback_ws_fail"], result["fallback_ws_fail_again"]
-    assert len(first["warnings"]) == 1 and "workspace" in first["warnings"][0] and "unfused" in first["warnings"][0]
+    assert len(first["warnings"]) == 1, first["warnings"]
+    assert "workspace" in first["warnings"][0] and "fusion" in first["warnings"][0].lower()
     assert again["warnings"] == [] and again["out_ok"]
     assert result["ws_attempts"] == 1
 
