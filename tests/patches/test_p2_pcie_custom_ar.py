@@ -314,10 +314,11 @@ import ctypes, datetime, json, logging, os, signal, socket, sys, tempfile, time
 import torch
 import torch.distributed as dist
 import sglang.srt.distributed.device_communicators.custom_all_reduce as car
+import sglang.srt.server_args  # imported once here, not by each forked rank
 caru = sys.modules.get("sglang.srt.distributed.device_communicators.custom_all_reduce_utils")
 
 WS = 8
-DEADLINE = 60.0
+DEADLINE = 120.0  # seconds for all 8 ranks to construct; a rank still running then is blocked
 
 class FakeOps:
     IS_CUSTOM_AR_AVAILABLE = True
