@@ -40,7 +40,10 @@ def test_summary_arithmetic_on_known_file(known_file):
     assert s["verify_ms_mean"] == pytest.approx((100 * 29.1 + 300 * 30.0) / 400)  # 29.775
     assert s["verify_frac"] == pytest.approx(29.775 / 30.75)  # 96.8 %
     assert s["accept_length"] == pytest.approx((100 * 2.0 + 300 * 2.2) / 400)  # 2.15
-    assert s["tok_s"] == pytest.approx(1000 * 2.15 / 30.75)  # 69.9 tok/s
+    assert s["tok_s_per_request"] == pytest.approx(1000 * 2.15 / 30.75)  # 69.9 tok/s
+    # one replica, batch 1: throughput = tokens / time = (200 + 660) / (3000 + 9300) ms
+    assert s["throughput_tok_s"] == pytest.approx(1000 * 860 / 12300)
+    assert list(s["by_batch_size"]) == ["1"] and len(s["replicas"]) == 1
     assert s["baseline_tok_s"] == pytest.approx(1000 / 12.2)
     assert s["break_even_accept_length"] == pytest.approx(30.75 / 12.2)  # 2.52
     assert s["speedup"] == pytest.approx((1000 * 2.15 / 30.75) / (1000 / 12.2))
@@ -116,9 +119,9 @@ def test_cli_text(known_file):
     out = proc.stdout
     assert "400 cycles in 2 interval(s)" in out
     assert "verify share of cycle: 96.8%" in out
-    assert "break-even accept length: 2.52" in out
-    assert "SLOWER" in out  # 2.15 < 2.52
-    assert "predicted at accept length 3: 97.6 tok/s" in out
+    assert "break-even accept length (batch 1): 2.52" in out
+    assert "verdict (batch 1): speculation is SLOWER" in out  # 2.15 < 2.52
+    assert "predicted at accept length 3: 97.6 tok/s per request" in out
 
 
 def test_cli_json(known_file):
@@ -129,6 +132,68 @@ def test_cli_json(known_file):
     assert data["predictions"] == [
         {"accept_length": 3.0, "tok_s": pytest.approx(3000 / 30.75), "speedup": pytest.approx(3000 / 30.75 * 0.0122)}
     ]
+
+
+# ---------------------------------------------------------------- version 2: replicas, batch sizes
+
+
+def _rec2(dp_rank, pid, buckets, verify_frac=0.9, baseline=12.2):
+    """A version-2 record from {batch size: (cycles, cycle ms, committed tokens)}."""
+    cycles = sum(c for c, _, _ in buckets.values())
+    ms = sum(c * t for c, t, _ in buckets.values())
+    tokens = sum(tok for _, _, tok in buckets.values())
+    requests = sum(c * bs for bs, (c, _, _) in buckets.items())
+    rec = _rec(cycles, 0.05 * ms / cycles, verify_frac * ms / cycles, 0.05 * ms / cycles, tokens / requests, baseline)
+    rec.update(version=2, dp_rank=dp_rank, pid=pid, tokens=tokens, requests=requests, batch_size=requests / cycles)
+    rec["by_batch_size"] = {
+        str(bs): {"cycles": c, "cycle_ms_mean": t, "accept_length": tok / (c * bs)} for bs, (c, t, tok) in buckets.items()
+    }
+    return rec
+
+
+def test_accept_length_is_weighted_by_requests_not_a_mean_of_means():
+    # interval A: 100 batch-1 cycles committing 3 each; interval B: 100 batch-4 cycles, 1.5 each
+    a = _rec2(0, 11, {1: (100, 30.0, 300)})
+    b = _rec2(0, 11, {4: (100, 40.0, 600)})
+    s = pr.summarize([a, b])
+    assert s["accept_length"] == pytest.approx(900 / 500)  # SGLang: 1.8, a mean of means: 2.25
+    assert s["tokens"] == 900 and s["requests"] == 500
+
+
+def test_replicas_sum_throughput_and_break_even_uses_batch_1_only(tmp_path):
+    recs = [
+        _rec2(0, 11, {1: (50, 30.0, 125), 2: (50, 34.0, 220)}),
+        _rec2(1, 12, {2: (100, 34.0, 440)}),
+        _rec2(0, 11, {1: (100, 30.0, 250)}),
+    ]
+    s = pr.summarize(recs)
+    assert [(r["dp_rank"], r["pid"]) for r in s["replicas"]] == [(0, 11), (1, 12)]
+    r0, r1 = s["replicas"]
+    assert r0["throughput_tok_s"] == pytest.approx(1000 * (125 + 220 + 250) / (50 * 30 + 50 * 34 + 100 * 30))
+    assert r1["throughput_tok_s"] == pytest.approx(1000 * 440 / (100 * 34))
+    assert s["throughput_tok_s"] == pytest.approx(r0["throughput_tok_s"] + r1["throughput_tok_s"])
+    b1, b2 = s["by_batch_size"]["1"], s["by_batch_size"]["2"]
+    assert b1["cycles"] == 150 and b1["accept_length"] == pytest.approx(2.5) and b1["cycle_ms_mean"] == pytest.approx(30)
+    assert b2["cycles"] == 150 and b2["accept_length"] == pytest.approx(660 / 300)
+    assert s["break_even_accept_length"] == pytest.approx(30 / 12.2)  # batch-1 cycles only
+    assert s["tok_s_per_request"] == pytest.approx(1000 * s["accept_length"] / s["cycle_ms_mean"])
+    path = tmp_path / "shared.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    proc = _cli(path)
+    assert proc.returncode == 0, proc.stderr
+    assert "from 2 replica(s)" in proc.stdout and "replica dp_rank 1 pid 12" in proc.stdout
+    assert "batch 2: 150 cycles" in proc.stdout and "verdict (batch 1)" in proc.stdout
+
+
+def test_no_batch_1_cycles_no_verdict(tmp_path):
+    path = tmp_path / "bs4.jsonl"
+    path.write_text(json.dumps(_rec2(0, 11, {4: (100, 40.0, 1200)})) + "\n")
+    s = pr.summarize(pr.load(path))
+    assert s["break_even_accept_length"] is None and s["speedup"] is None
+    proc = _cli(path, "--accept-length", "3")
+    assert proc.returncode == 0, proc.stderr
+    assert "not computed (no batch-1 cycles" in proc.stdout
+    assert "verdict" not in proc.stdout and "SLOWER" not in proc.stdout
 
 
 def test_cli_missing_file_is_one_line_error(tmp_path):

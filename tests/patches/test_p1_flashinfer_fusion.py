@@ -158,16 +158,138 @@ out["post_init_order"] = [
 ]
 
 # 3. the runtime check in communicator.py on a simulated SM120
+import torch
 import sglang.srt.layers.communicator as comm
+import sglang.srt.layers.flashinfer_comm_fusion as fcf
+
+class FakeComm:  # plays flashinfer.comm: records the workspace size, optionally fails
+    fail = False
+    def __init__(self):
+        self.created = []
+    def _create(self, world_size, max_token_num, hidden_dim):
+        self.created.append({"world_size": world_size, "max_token_num": max_token_num, "hidden_dim": hidden_dim})
+        if self.fail:
+            raise RuntimeError("symmetric memory rendezvous failed")
+    # the API sglang 0.5.9 calls
+    def trtllm_create_ipc_workspace_for_all_reduce_fusion(self, rank, world_size, max_token_num, hidden_dim, group=None, use_fp32_lamport=False):
+        self._create(world_size, max_token_num, hidden_dim)
+        return ["handles"], torch.zeros(1)
+    def trtllm_allreduce_fusion(self, **kw):
+        kw["norm_out"].fill_(7.0)
+        kw["residual_out"].fill_(7.0)
+    def trtllm_destroy_ipc_workspace_for_all_reduce(self, *a, **k):
+        pass
+    # the unified API sglang 0.5.10 calls
+    def create_allreduce_fusion_workspace(self, backend, world_size, rank, max_token_num, hidden_dim, dtype, force_oneshot_support=False):
+        self._create(world_size, max_token_num, hidden_dim)
+        return types.SimpleNamespace(is_buffer_size_sufficient=lambda **kw: True, destroy=lambda: None)
+    def allreduce_fusion(self, **kw):
+        self.trtllm_allreduce_fusion(**kw)
+    AllReduceFusionPattern = types.SimpleNamespace(kARResidualRMSNorm=1)
+
+def set_comm(fake):  # what a (failed) `import flashinfer.comm` leaves behind
+    fcf._flashinfer_comm = fcf.comm = fake  # 0.5.9's initialize() calls it as `comm`
+    if hasattr(fcf, "_flashinfer_allreduce_unavailable"):  # 0.5.10 also sets this flag
+        fcf._flashinfer_allreduce_unavailable = fake is None
+
+def fusion_usable():
+    if hasattr(fcf, "is_flashinfer_allreduce_fusion_usable"):
+        return fcf.is_flashinfer_allreduce_fusion_usable()
+    return fcf._flashinfer_comm is not None and not fcf.is_flashinfer_allreduce_unavailable()
+
 comm._is_sm90_supported = False
 comm._is_sm100_supported = False
 comm._is_flashinfer_available = True
+set_comm(FakeComm())  # flashinfer.comm imported fine
 for sm120 in (False, True):
     comm._is_sm120_supported = sm120
     for flag in (False, True):
-        sa.set_global_server_args_for_scheduler(fresh(enable_flashinfer_allreduce_fusion=flag))
-        for bs in (1, 3, 4096):
+        sa.set_global_server_args_for_scheduler(fresh(enable_flashinfer_allreduce_fusion=flag, cuda_graph_max_bs=8))
+        for bs in (1, 3, 8, 9, 4096):
             out["runtime"][f"{sm120}|{flag}|{bs}"] = comm.apply_flashinfer_allreduce_fusion(bs)
+comm._is_sm120_supported = True
+sa.set_global_server_args_for_scheduler(fresh(
+    enable_flashinfer_allreduce_fusion=True, cuda_graph_max_bs=8,
+    speculative_algorithm="EAGLE3", speculative_num_draft_tokens=4))
+out["runtime_spec"] = {bs: comm.apply_flashinfer_allreduce_fusion(bs) for bs in (1, 32, 33, 2048)}
+out["runtime_spec_max"] = comm.get_fuse_allreduce_max_tokens()
+sa.set_global_server_args_for_scheduler(fresh(
+    enable_flashinfer_allreduce_fusion=True, cuda_graph_bs=[1, 2, 4], cuda_graph_max_bs=160))
+out["runtime_bs_list_max"] = comm.get_fuse_allreduce_max_tokens()
+set_comm(None)  # "import flashinfer.comm" failed
+out["runtime_no_comm"] = comm.apply_flashinfer_allreduce_fusion(1)
+out["max_tokens"] = {
+    f"{sm}|{bs}|{tpb}": sa.get_flashinfer_allreduce_fusion_max_tokens(sm, bs, tpb, 2048)
+    for sm in (9, 10, 12) for bs in (None, 1, 8, 160, 1024) for tpb in (1, 4)
+}
+
+# 4. the fused RMSNorm's fallback: when nothing was fused it must still allreduce
+import sglang.srt.distributed as sdist
+from sglang.srt.layers.layernorm import RMSNorm
+fcf.logger.addHandler(cap)
+torch.manual_seed(0)
+HID, TOK = 64, 3
+x_mine, x_peer, res = torch.randn(TOK, HID), torch.randn(TOK, HID), torch.randn(TOK, HID)
+allreduce_calls = []
+def fake_all_reduce(t):  # plays the TP allreduce of two ranks: this rank's partial + the peer's
+    allreduce_calls.append(tuple(t.shape))
+    return t + x_peer
+sdist.tensor_model_parallel_all_reduce = fake_all_reduce
+for mod in (sdist, fcf):  # two TP ranks (0.5.10 asks the attention-TP group)
+    for name, value in (("get_tensor_model_parallel_world_size", 2), ("get_attn_tensor_model_parallel_world_size", 2),
+                        ("get_attn_tensor_model_parallel_rank", 0), ("get_moe_expert_parallel_world_size", 1),
+                        ("get_moe_tensor_parallel_world_size", 2), ("get_moe_tensor_parallel_rank", 0)):
+        if hasattr(mod, name):
+            setattr(mod, name, lambda value=value: value)
+fcf.is_flashinfer_available = lambda: True
+if hasattr(fcf, "dist"):
+    fcf.dist.get_rank = lambda group=None: 0
+# The op is registered for CUDA only; register the same Python body (the real one,
+# compiled from the patched source without its decorator) for CPU.
+import ast as _ast
+_tree = _ast.parse(open(fcf.__file__).read())
+_fn = next(n for n in _tree.body if isinstance(n, _ast.FunctionDef) and n.name == "flashinfer_allreduce_residual_rmsnorm")
+_fn.decorator_list = []
+_ns = {}
+exec(compile(_ast.Module(body=[_fn], type_ignores=[]), fcf.__file__, "exec"), fcf.__dict__, _ns)
+_cpu_lib = torch.library.Library("sglang", "IMPL")
+_cpu_lib.impl("flashinfer_allreduce_residual_rmsnorm", _ns["flashinfer_allreduce_residual_rmsnorm"], "CPU")
+norm = RMSNorm(HID, eps=1e-6)
+with torch.no_grad():
+    norm.weight.copy_(torch.rand(HID) + 0.5)
+    ref_out, ref_res = norm.forward_native(x_mine + x_peer, res.clone())
+
+def fallback(case):
+    allreduce_calls.clear(); cap.records.clear()
+    with torch.no_grad():
+        o, r = norm.forward_with_allreduce_fusion(x_mine.clone(), res.clone())
+    return {
+        "out_ok": bool(torch.allclose(o, ref_out, atol=1e-5)),
+        "res_ok": bool(torch.allclose(r, ref_res, atol=1e-5)),
+        "allreduce_calls": len(allreduce_calls),
+        "warnings": list(cap.records),
+        "usable": fusion_usable(),
+        "gate": comm.apply_flashinfer_allreduce_fusion(TOK),
+    }
+
+comm._is_sm120_supported = True
+sa.set_global_server_args_for_scheduler(fresh(
+    enable_flashinfer_allreduce_fusion=True, cuda_graph_max_bs=8,
+    speculative_algorithm="EAGLE3", speculative_num_draft_tokens=4))
+set_comm(None)
+out["fallback_no_comm"] = fallback("no_comm")
+fake = FakeComm()
+set_comm(fake)
+fcf._workspace_manager = fcf.FlashInferWorkspaceManager()
+with torch.no_grad():
+    norm.forward_with_allreduce_fusion(x_mine.clone(), res.clone())
+out["workspace_created"] = fake.created
+fake = FakeComm(); fake.fail = True
+set_comm(fake)
+fcf._workspace_manager = fcf.FlashInferWorkspaceManager()
+out["fallback_ws_fail"] = fallback("ws_fail")
+out["fallback_ws_fail_again"] = fallback("ws_fail_again")
+out["ws_attempts"] = len(fake.created)
 print("RESULT" + json.dumps(out))
 """
 
@@ -272,8 +394,55 @@ def test_sm90_explicit_flag_keeps_upstream_behaviour(result):
 
 def test_runtime_check_accepts_sm120_only_with_the_flag(result):
     rt = result["runtime"]
-    for bs in (1, 3):
+    for bs in (1, 3, 8):
         assert rt[f"True|True|{bs}"] is True
         assert rt[f"True|False|{bs}"] is False
         assert rt[f"False|True|{bs}"] is False
     assert rt["True|True|4096"] is False  # FUSE_ALLREDUCE_MAX_BATCH_SIZE still applies
+
+
+def test_sm120_fuses_only_captured_decode_and_verify_sizes(result):
+    # cuda_graph_max_bs 8 without speculation: 8 tokens; prefill-sized forwards stay on NCCL
+    assert result["runtime"]["True|True|8"] is True and result["runtime"]["True|True|9"] is False
+    # EAGLE-3 with 4 draft tokens: verify of batch 8 = 32 tokens
+    assert result["runtime_spec"] == {"1": True, "32": True, "33": False, "2048": False}
+    assert result["runtime_spec_max"] == 32
+    assert result["runtime_bs_list_max"] == 4  # an explicit --cuda-graph-bs list wins
+    # the workspace is created for that size, not for 2048 tokens
+    assert result["workspace_created"] == [{"world_size": 2, "max_token_num": 32, "hidden_dim": 64}]
+
+
+def test_sm90_sm100_keep_2048_tokens(result):
+    rt = result["runtime"]
+    assert rt["False|True|9"] is False  # the simulated GPU is neither SM90 nor SM100 here
+    mt = result["max_tokens"]
+    for sm in (9, 10):
+        assert {mt[f"{sm}|{bs}|{t}"] for bs in ("None", 1, 8, 160, 1024) for t in (1, 4)} == {2048}
+    assert mt["12|8|1"] == 8 and mt["12|8|4"] == 32 and mt["12|160|4"] == 640
+    assert mt["12|1024|4"] == 2048 and mt["12|None|1"] == 1
+
+
+def test_gate_requires_flashinfer_comm(result):
+    assert result["runtime_no_comm"] is False
+
+
+@pytest.mark.parametrize("case", ["fallback_no_comm", "fallback_ws_fail"])
+def test_unfused_fallback_still_allreduces(result, case):
+    r = result[case]
+    assert r["allreduce_calls"] == 1, r
+    assert r["out_ok"] and r["res_ok"], r
+    assert r["usable"] is False and r["gate"] is False
+
+
+def test_workspace_failure_warns_once_and_is_not_retried(result):
+    first, again = result["fallback_ws_fail"], result["fallback_ws_fail_again"]
+    assert len(first["warnings"]) == 1, first["warnings"]
+    assert "workspace" in first["warnings"][0] and "fusion" in first["warnings"][0].lower()
+    assert again["warnings"] == [] and again["out_ok"]
+    assert result["ws_attempts"] == 1
+
+
+def test_version_is_checked_before_the_slow_p2p_probe(result):
+    for v in VERSIONS:
+        if not _at_floor(v):
+            assert result["optin"][f"{v}|True|1"]["p2p_pairs"] == [], v

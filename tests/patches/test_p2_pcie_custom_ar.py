@@ -76,9 +76,9 @@ def fake_dist(world_size, rank):  # plays the torch.distributed group of world_s
     d.get_backend = lambda group=None: "gloo"
     d.get_rank = lambda group=None: rank
     d.get_world_size = lambda group=None: world_size
-    def all_gather(outs, t, group=None):
+    def all_gather(outs, t, group=None):  # physical ids are 0..n-1; other rows equal ours
         for i, o in enumerate(outs):
-            o.copy_(torch.tensor([i], dtype=torch.int))
+            o.copy_(torch.tensor([i], dtype=torch.int) if t.numel() == 1 else t)
     d.all_gather = all_gather
     def all_gather_object(outs, obj, group=None):
         for i in range(len(outs)):
@@ -157,6 +157,34 @@ for env in (None, "0", "1"):
                         out["odd"] = ca.should_custom_ar(torch.empty(3, dtype=torch.bfloat16))
                         out["strided"] = ca.should_custom_ar(torch.empty(8, 64, dtype=torch.bfloat16)[:, ::2])
                     ca.close()
+
+# 3. the default cap: the widest allreduce captured in CUDA graphs, within the one-stage kernel
+out["one_stage"] = {str(ws): car.one_stage_max_bytes(ws) for ws in (4, 6, 8)}
+out["default_cap"] = {
+    f"{ws}|{bs}|{t}": car.pcie_custom_ar_default_max_bytes(ws, bs, t, __HIDDEN__)
+    for ws in (4, 8) for bs in (1, 2, 4, 6, 160) for t in (1, 3)
+}
+import sglang.srt.server_args as sa
+os.environ["SGLANG_ENABLE_PCIE_CUSTOM_AR"] = "1"
+out["server_cap"] = {}
+for ws in (4, 8):
+    for bs, bs_list, algo, draft in ((1, None, "EAGLE3", 3), (2, None, "EAGLE3", 3), (160, None, None, 3),
+                                     (160, [1, 2, 4], "EAGLE3", 3), (160, None, "EAGLE3", 3)):
+        sa.set_global_server_args_for_scheduler(types.SimpleNamespace(
+            cuda_graph_max_bs=bs, cuda_graph_bs=bs_list, speculative_algorithm=algo,
+            speculative_num_draft_tokens=draft,
+            get_model_config=lambda: types.SimpleNamespace(hidden_size=__HIDDEN__)))
+        for env_cap in (None, "32768", "0"):
+            if env_cap is None:
+                os.environ.pop("SGLANG_PCIE_CUSTOM_AR_MAX_BYTES", None)
+            else:
+                os.environ["SGLANG_PCIE_CUSTOM_AR_MAX_BYTES"] = env_cap
+            ca, ops = build(ws, False, True)
+            key = f"{ws}|{bs}|{bs_list}|{algo}|{env_cap}"
+            out["server_cap"][key] = ca.max_custom_ar_bytes
+            if key == "8|2|None|EAGLE3|None":
+                out["verify_bs2"] = ca.should_custom_ar(torch.empty(6, __HIDDEN__, dtype=torch.bfloat16))
+            ca.close()
 print("RESULT" + json.dumps(out))
 """
 
@@ -183,7 +211,37 @@ def expected_limit(ws, nvlink, p2p, pcie, cap):
 
 
 def test_env_defaults_are_safe(result):
-    assert result["defaults"] == {"enable": False, "cap": CAP}
+    # cap unset: derived from the captured CUDA-graph sizes (65536 when those are unknown)
+    assert result["defaults"] == {"enable": False, "cap": None}
+
+
+def test_one_stage_limits_match_sgl_kernel(result):
+    # custom_all_reduce.cuh: 1stage if (ws <= 4 && bytes < 512 KiB) || (ws <= 8 && bytes < 256 KiB)
+    assert result["one_stage"] == {"4": 512 * 1024 - 16, "6": 256 * 1024 - 16, "8": 256 * 1024 - 16}
+
+
+def test_default_cap_is_the_widest_captured_allreduce(result):
+    dc = result["default_cap"]
+    assert dc["8|1|3"] == 3 * HIDDEN * 2 == 43008  # batch-1 EAGLE-3 verify
+    assert dc["8|2|3"] == 6 * HIDDEN * 2 == 86016  # batch-2 verify: was NCCL with 64 KiB
+    assert dc["8|4|1"] == 4 * HIDDEN * 2
+    assert dc["8|6|3"] == 18 * HIDDEN * 2 == 258048  # still one-stage at 8 ranks
+    assert dc["8|160|1"] == dc["8|160|3"] == 256 * 1024 - 16  # clamped: stays one-stage
+    assert dc["4|160|3"] == 512 * 1024 - 16 and dc["4|6|3"] == 258048
+
+
+def test_server_derives_the_cap_and_the_env_var_still_overrides(result):
+    sc = result["server_cap"]
+    for ws, limit in ((8, 256 * 1024 - 16), (4, 512 * 1024 - 16)):
+        assert sc[f"{ws}|1|None|EAGLE3|None"] == 43008
+        assert sc[f"{ws}|2|None|EAGLE3|None"] == 86016
+        assert sc[f"{ws}|160|None|None|None"] == min(160 * HIDDEN * 2, limit)
+        assert sc[f"{ws}|160|[1, 2, 4]|EAGLE3|None"] == 4 * 3 * HIDDEN * 2  # explicit --cuda-graph-bs
+        assert sc[f"{ws}|160|None|EAGLE3|None"] == limit
+        for key in ("1|None|EAGLE3", "160|None|EAGLE3"):
+            assert sc[f"{ws}|{key}|32768"] == 32768
+            assert sc[f"{ws}|{key}|0"] == 0
+    assert result["verify_bs2"] is True  # [6, 7168] bf16 now takes the custom kernel
 
 
 @pytest.mark.parametrize("ws", [2, 4, 8])
@@ -242,3 +300,151 @@ def test_warning_points_to_the_opt_in(result):
     w = result["warnings"]["None|None|8|False|True"]
     assert len(w) == 1 and "SGLANG_ENABLE_PCIE_CUSTOM_AR=1" in w[0]
     assert result["warnings"]["1|None|8|False|True"] == []
+
+
+# --------------------------------------------------------------------------------------
+# Every rank takes the same path (issue 13): 8 real processes, a real gloo group, the real
+# CustomAllreduce constructor; only the P2P probe (an asymmetric matrix), NVML's NVLink
+# answer, the same-node probe, the CUDA runtime behind the IPC buffers and the sgl_kernel
+# ops are stand-ins. A rank that backs out alone leaves the others waiting in
+# create_shared_buffer's all_gather: that shows as a rank without a result at the deadline.
+
+RANKS_CODE = r"""
+import ctypes, datetime, json, logging, os, signal, socket, sys, tempfile, time
+import torch
+import torch.distributed as dist
+import sglang.srt.distributed.device_communicators.custom_all_reduce as car
+import sglang.srt.server_args  # imported once here, not by each forked rank
+caru = sys.modules.get("sglang.srt.distributed.device_communicators.custom_all_reduce_utils")
+
+WS = 8
+DEADLINE = 120.0  # seconds for all 8 ranks to construct; a rank still running then is blocked
+
+class FakeOps:
+    IS_CUSTOM_AR_AVAILABLE = True
+    def meta_size(self): return 4096
+    def init_custom_ar(self, meta_ptrs, rank_data, rank, full_nvlink): return 1234
+    def register_buffer(self, ptr, ptrs): pass
+    def dispose(self, ptr): pass
+
+class FakeCudaRT:
+    def cudaMalloc(self, n): return ctypes.c_void_p(0x10000)
+    def cudaMemset(self, *a): pass
+    def cudaIpcGetMemHandle(self, p): return b"handle"
+    def cudaIpcOpenMemHandle(self, h): return ctypes.c_void_p(0x99)
+    def cudaFree(self, p): pass
+
+class Capture(logging.Handler):
+    def __init__(self):
+        super().__init__(logging.WARNING)
+        self.records = []
+    def emit(self, record):
+        self.records.append(record.getMessage())
+
+def child(rank, port, matrix, skip_check, outdir):
+    os.environ["SGLANG_ENABLE_PCIE_CUSTOM_AR"] = "1"
+    os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+    if skip_check:
+        os.environ["SGLANG_SKIP_P2P_CHECK"] = "1"
+    else:
+        os.environ.pop("SGLANG_SKIP_P2P_CHECK", None)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=WS, timeout=datetime.timedelta(seconds=30))
+    cap = Capture()
+    probe = lambda src, tgt: matrix[src][tgt]  # stands in for the GPU P2P probe
+    torch.cuda.device_count = lambda: WS
+    torch.cuda.can_device_access_peer = probe  # the driver's report (SGLANG_SKIP_P2P_CHECK)
+    for mod in filter(None, (car, caru)):
+        mod.logger.addHandler(cap)
+        for name, value in (("gpu_p2p_access_check", probe), ("is_full_nvlink", lambda ids, ws: False),
+                            ("in_the_same_node_as", lambda group, source_rank=0: [True] * WS),
+                            ("_is_cuda", True), ("_is_hip", False)):
+            if hasattr(mod, name):
+                setattr(mod, name, value)
+    car.ops = FakeOps()
+    car.CudaRTLibrary = FakeCudaRT
+    ca = car.CustomAllreduce(group=dist.group.WORLD, device=torch.device("cpu", rank))
+    res = {"disabled": ca.disabled, "warnings": cap.records,
+           "max_bytes": getattr(ca, "max_custom_ar_bytes", None)}
+    with open(os.path.join(outdir, f"{rank}.json"), "w") as f:
+        json.dump(res, f)
+    dist.barrier()  # every rank is still in step after the constructor
+    with open(os.path.join(outdir, f"{rank}.done"), "w") as f:
+        f.write("ok")
+
+def run_case(matrix, skip_check):
+    outdir = tempfile.mkdtemp()
+    s = socket.socket(); s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]; s.close()
+    pids = []
+    for rank in range(WS):
+        pid = os.fork()
+        if pid == 0:
+            code = 0
+            try:
+                child(rank, port, matrix, skip_check, outdir)
+            except BaseException as e:
+                code = 1
+                with open(os.path.join(outdir, f"{rank}.err"), "w") as f:
+                    f.write(repr(e))
+            os._exit(code)
+        pids.append(pid)
+    end = time.time() + DEADLINE
+    alive = set(pids)
+    while alive and time.time() < end:
+        for pid in list(alive):
+            if os.waitpid(pid, os.WNOHANG)[0]:
+                alive.discard(pid)
+        time.sleep(0.05)
+    for pid in alive:  # still blocked at the deadline
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+    out = {"blocked": len(alive), "ranks": {}}
+    for rank in range(WS):
+        p = os.path.join(outdir, f"{rank}.json")
+        r = json.load(open(p)) if os.path.exists(p) else None
+        if r is not None:
+            r["in_step"] = os.path.exists(os.path.join(outdir, f"{rank}.done"))
+        e = os.path.join(outdir, f"{rank}.err")
+        out["ranks"][str(rank)] = r if r is not None else {"error": open(e).read() if os.path.exists(e) else "blocked"}
+    return out
+
+full = [[True] * WS for _ in range(WS)]
+asym = [row[:] for row in full]
+asym[2][5] = False  # GPU 2 cannot reach GPU 5, GPU 5 can reach GPU 2
+result = {
+    "asym": run_case(asym, False),
+    "asym_skip_check": run_case(asym, True),
+    "full": run_case(full, False),
+}
+print("RESULT" + json.dumps(result))
+"""
+
+
+@pytest.fixture(scope="module")
+def ranks_result(run_patched):
+    proc = run_patched(RANKS_CODE, timeout=400)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    line = next(l for l in proc.stdout.splitlines() if l.startswith("RESULT"))
+    return json.loads(line[len("RESULT") :])
+
+
+@pytest.mark.parametrize("case", ["asym", "asym_skip_check"])
+def test_one_missing_p2p_pair_disables_custom_ar_on_every_rank_without_a_hang(ranks_result, case):
+    r = ranks_result[case]
+    assert r["blocked"] == 0, r
+    ranks = r["ranks"]
+    assert all("error" not in ranks[str(k)] for k in range(8)), ranks
+    assert {ranks[str(k)]["disabled"] for k in range(8)} == {True}, ranks
+    assert all(ranks[str(k)]["in_step"] for k in range(8)), ranks
+    for k in range(8):  # every rank names the failing pair
+        w = [m for m in ranks[str(k)]["warnings"] if "P2P" in m]
+        assert len(w) == 1 and "2->5" in w[0], (k, ranks[str(k)]["warnings"])
+
+
+def test_full_p2p_matrix_enables_custom_ar_on_every_rank(ranks_result):
+    r = ranks_result["full"]
+    assert r["blocked"] == 0, r
+    ranks = r["ranks"]
+    assert {ranks[str(k)]["disabled"] for k in range(8)} == {False}, ranks
+    assert len({ranks[str(k)]["max_bytes"] for k in range(8)}) == 1
+    assert all(ranks[str(k)]["in_step"] and ranks[str(k)]["warnings"] == [] for k in range(8)), ranks

@@ -28,8 +28,9 @@ FIELDS = {
     "version", "name", "timer", "cycles", "batch_size",
     "draft_ms_median", "draft_ms_p90", "verify_ms_median", "verify_ms_p90",
     "extend_ms_median", "extend_ms_p90", "cycle_ms_median", "cycle_ms_p90",
-    "cycle_ms_mean", "verify_frac", "accept_length", "tok_s",
-    "baseline_step_ms", "break_even_accept_length",
+    "cycle_ms_mean", "verify_frac", "accept_length", "tok_s_per_request", "throughput_tok_s",
+    "baseline_step_ms", "break_even_accept_length", "dp_rank", "pid", "tokens", "requests",
+    "by_batch_size",
 }  # fmt: skip
 
 PRELUDE = r'''
@@ -55,14 +56,15 @@ def patched_method(mod, cls, name, ns):
     exec(compile(ast.Module(body=[fn], type_ignores=[]), path, "exec"), ns)
     return ns[name]
 
-def run_init_hook(mod, cls, worker, tp_rank=0):
+def run_init_hook(mod, cls, worker, tp_rank=0, dp_rank=None):
     """Execute the statement of cls.__init__ that installs the profiler (the real code)."""
     path, init = _class_func(mod, cls, "__init__")
     stmts = [s for s in init.body if any(
         isinstance(n, ast.Call) and getattr(n.func, "id", None) == "maybe_profile_spec_worker"
         for n in ast.walk(s))]
     assert len(stmts) == 1, f"{cls}.__init__ must call maybe_profile_spec_worker once"
-    ns = {"self": worker, "tp_rank": tp_rank, "maybe_profile_spec_worker": sp.maybe_profile_spec_worker}
+    ns = {"self": worker, "tp_rank": tp_rank, "dp_rank": dp_rank,
+          "maybe_profile_spec_worker": sp.maybe_profile_spec_worker}
     exec(compile(ast.Module(body=stmts, type_ignores=[]), path, "exec"), ns)
 
 NS = dict(
@@ -119,10 +121,10 @@ def decode_batch():
     return types.SimpleNamespace(forward_mode=mode, is_extend_in_batch=False,
                                  spec_info=types.SimpleNamespace(verified_id=torch.zeros(2)))
 
-def make(kind):
+def make(kind, dp_rank=None):
     w = V1Worker() if kind == "v1" else V2Worker()
     run_init_hook(EAGLE if kind == "v1" else EAGLE_V2,
-                  "EAGLEWorker" if kind == "v1" else "EAGLEWorkerV2", w)
+                  "EAGLEWorker" if kind == "v1" else "EAGLEWorkerV2", w, dp_rank=dp_rank)
     return w
 '''
 
@@ -194,14 +196,14 @@ out = {}
 for kind in ("v1", "v2"):
     path = os.path.join(TMP, kind + ".jsonl")
     os.environ.update(SGLANG_VERIFY_PROFILE="1", SGLANG_VERIFY_PROFILE_INTERVAL="10",
-                      SGLANG_VERIFY_PROFILE_FILE=path, SGLANG_BASELINE_STEP_MS="10")
+                      SGLANG_VERIFY_PROFILE_FILE=path, SGLANG_VERIFY_PROFILE_BASELINE_STEP_MS="10")
     print("BEGIN", kind, file=sys.stderr)
-    w = make(kind)
+    w = make(kind, dp_rank=1)
     for _ in range(35):
         w.forward_batch_generation(decode_batch())
     p = w.spec_profiler
     trace = w.trace if kind == "v1" else w._draft_worker.trace
-    out[kind] = dict(timer=p.timer, events=p.num_events_created, trace=trace[:6],
+    out[kind] = dict(timer=p.timer, events=p.num_events_created, trace=trace[:6], pid=os.getpid(),
                      lines=[json.loads(x) for x in open(path).read().splitlines()])
 print(json.dumps(out))
 """
@@ -229,6 +231,8 @@ def test_on_writes_jsonl_with_required_fields(on_run, kind):
         assert FIELDS <= set(rec), FIELDS - set(rec)
         assert rec["cycles"] == 10 and rec["batch_size"] == 2
         assert rec["name"] == ("eagle" if kind == "v1" else "eagle_v2")
+        assert rec["dp_rank"] == 1 and rec["pid"] == out["pid"]  # replicas may share a file
+        assert rec["tokens"] == 50 and rec["requests"] == 20
         # v1 reports accepted drafts [1, 2], v2 committed tokens [2, 3]: both mean 2.5 tokens
         assert rec["accept_length"] == pytest.approx(2.5)
         assert rec["baseline_step_ms"] == 10.0
@@ -239,13 +243,16 @@ def test_on_writes_jsonl_with_required_fields(on_run, kind):
         parts = rec["draft_ms_median"] + rec["verify_ms_median"] + rec["extend_ms_median"]
         assert rec["cycle_ms_median"] == pytest.approx(parts, rel=0.3)
         assert 0.4 < rec["verify_frac"] < 1
-        # the definitions: tok/s = 1000 L / T, break-even L* = T / B
-        assert rec["tok_s"] == pytest.approx(1000 * rec["accept_length"] / rec["cycle_ms_mean"])
-        assert rec["break_even_accept_length"] == pytest.approx(rec["cycle_ms_mean"] / 10.0)
+        # the definitions: tok/s per request = 1000 L / T, throughput = 1000 tokens / sum of cycle ms
+        assert rec["tok_s_per_request"] == pytest.approx(1000 * rec["accept_length"] / rec["cycle_ms_mean"])
+        assert rec["throughput_tok_s"] == pytest.approx(1000 * 50 / (10 * rec["cycle_ms_mean"]))
+        assert rec["by_batch_size"]["2"]["cycles"] == 10
+        # batch 2 only: the single-stream baseline gives no break-even here
+        assert rec["break_even_accept_length"] is None
     # one log line per interval, saying what to do
     section = stderr.split(f"BEGIN {kind}")[1].split("BEGIN")[0]
     logs = [x for x in section.splitlines() if "Spec cycle profile" in x]
-    assert len(logs) == 3 and "break-even accept len" in logs[0]
+    assert len(logs) == 3 and "no batch-1 cycles" in logs[0] and "tok/s throughput" in logs[0]
     assert "Unset SGLANG_VERIFY_PROFILE" in section  # the start-up line says how to turn it off
 
 
@@ -275,7 +282,7 @@ for i in range(6):
     Gpu.clock = 100.0 * i
     p.begin_cycle(); Gpu.clock += 1.0
     p.end_draft(); Gpu.clock += 29.0
-    p.end_verify([2, 2, 2]); Gpu.clock += 0.5
+    p.end_verify([2]); Gpu.clock += 0.5
     p.end_cycle()
     lines_after.append(len(open(path).read().splitlines()) if os.path.exists(path) else 0)
     Gpu.completed = LagEvent.seq   # the GPU catches up only after the host moved on
@@ -301,7 +308,7 @@ def test_events_are_read_a_cycle_later_never_waited_for(run_patched, tmp_path):
     assert rec["cycle_ms_median"] == pytest.approx(30.5)
     assert rec["accept_length"] == pytest.approx(2.0)
     assert rec["verify_frac"] == pytest.approx(29.0 / 30.5)
-    assert rec["tok_s"] == pytest.approx(2000.0 / 30.5)
+    assert rec["tok_s_per_request"] == pytest.approx(2000.0 / 30.5)
     assert rec["break_even_accept_length"] == pytest.approx(30.5 / 12.2)
     assert out["stuck_pending"] <= 4 and out["stuck_events"] <= 4 * 6
     assert out["stuck_dropped"] > 0
@@ -314,7 +321,30 @@ MISC_BODY = r"""
 from sglang.srt.environ import envs
 out = {}
 out["defaults"] = {k: getattr(envs, k).get() for k in ("SGLANG_VERIFY_PROFILE",
-    "SGLANG_VERIFY_PROFILE_INTERVAL", "SGLANG_VERIFY_PROFILE_FILE", "SGLANG_BASELINE_STEP_MS")}
+    "SGLANG_VERIFY_PROFILE_INTERVAL", "SGLANG_VERIFY_PROFILE_FILE",
+    "SGLANG_VERIFY_PROFILE_BASELINE_STEP_MS", "SGLANG_BASELINE_STEP_MS")}
+import logging
+class Capture(logging.Handler):
+    def __init__(self):
+        super().__init__(logging.WARNING); self.records = []
+    def emit(self, record):
+        self.records.append(record.getMessage())
+cap = Capture(); sp.logger.addHandler(cap)
+out["alias"] = {}
+for old, new in ((None, None), ("10", None), ("10", "20"), (None, "20")):
+    for name, value in (("SGLANG_BASELINE_STEP_MS", old), ("SGLANG_VERIFY_PROFILE_BASELINE_STEP_MS", new)):
+        os.environ.pop(name, None)
+        if value is not None:
+            os.environ[name] = value
+    cap.records.clear()
+    out["alias"][f"{old}|{new}"] = [sp.baseline_step_ms_from_env(), len(cap.records)]
+for name in ("SGLANG_BASELINE_STEP_MS", "SGLANG_VERIFY_PROFILE_BASELINE_STEP_MS"):
+    os.environ.pop(name, None)
+# accept length as SGLang defines it: committed tokens / request-steps, not a mean of means
+q = sp.SpecCycleProfiler(interval=1000, baseline_step_ms=10.0)
+for accepted in ([4], [1, 1, 1], [4], [1, 1, 1]):
+    q._add_sample(1.0, 8.0, 1.0 if len(accepted) == 1 else 3.0, float(sum(accepted)), len(accepted))
+out["mixed"] = q.summary()
 os.environ["SGLANG_VERIFY_PROFILE"] = "1"
 w = V1Worker()
 run_init_hook(EAGLE, "EAGLEWorker", w, tp_rank=3)
@@ -338,8 +368,23 @@ def test_only_rank_zero_profiles(misc):
 def test_break_even_matches_the_users_number(misc):
     out = misc["users_cycle"]
     assert round(out["break_even_accept_length"], 2) == 2.46  # 30 / 12.2
-    assert out["tok_s"] == pytest.approx(1000 * 2.0 / 30.0)  # 66.7 tok/s < 82 tok/s
+    assert out["tok_s_per_request"] == pytest.approx(1000 * 2.0 / 30.0)  # 66.7 tok/s < 82 tok/s
     assert out["verify_frac"] == pytest.approx(0.97)
+
+
+def test_accept_length_is_weighted_by_requests_like_sglang(misc):
+    # batch 1 committing 4 and batch 3 committing 1 each, twice: SGLang's accept len is
+    # (4 + 3) / (1 + 3) = 1.75; a mean of per-cycle means would say 2.5
+    out = misc["mixed"]
+    assert out["accept_length"] == pytest.approx(7 / 4)
+    assert out["tokens"] == 14 and out["requests"] == 8 and out["batch_size"] == 2
+    assert out["throughput_tok_s"] == pytest.approx(1000 * 14 / (2 * 10 + 2 * 12))
+    bb = out["by_batch_size"]
+    assert bb["1"]["accept_length"] == 4 and bb["3"]["accept_length"] == 1
+    assert bb["1"]["cycle_ms_mean"] == pytest.approx(10.0) and bb["3"]["cycle_ms_mean"] == pytest.approx(12.0)
+    assert bb["3"]["throughput_tok_s"] == pytest.approx(1000 * 6 / 24)
+    # break-even only from the batch-1 cycles: 10 ms / 10 ms baseline
+    assert out["break_even_accept_length"] == pytest.approx(1.0)
 
 
 def test_env_vars_declared_in_envs(misc):
@@ -347,7 +392,17 @@ def test_env_vars_declared_in_envs(misc):
         "SGLANG_VERIFY_PROFILE": False,
         "SGLANG_VERIFY_PROFILE_INTERVAL": 100,
         "SGLANG_VERIFY_PROFILE_FILE": "",
-        "SGLANG_BASELINE_STEP_MS": 12.2,
+        "SGLANG_VERIFY_PROFILE_BASELINE_STEP_MS": 12.2,
+        "SGLANG_BASELINE_STEP_MS": None,  # deprecated alias
+    }
+
+
+def test_old_baseline_name_is_a_deprecated_alias(misc):
+    assert misc["alias"] == {
+        "None|None": [12.2, 0],
+        "10|None": [10.0, 1],  # the old name still works, with one deprecation warning
+        "10|20": [20.0, 0],  # the new name wins
+        "None|20": [20.0, 0],
     }
 
 
