@@ -56,7 +56,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-from sglpatch import stack
+from sglpatch import mergecheck, stack
 from sglpatch import upstream as up
 from sglpatch.errors import SglpatchError, say
 from sglpatch.fsutil import crashpoint, exclusive, write_if_changed
@@ -717,6 +717,10 @@ def _step(
         if clean:
             o.status = "3way"
             new_commit = _commit_like(git, tree, head, old_commit)
+            problems = mergecheck.check(git, old_parent, head, new_commit, patch.files)
+            if problems:  # merged is not working: never carried unattended
+                o.status, o.how, o.hunks = "3way-broken", f"3-way but broken: {problems[0]}", problems
+                o.files = sorted({x.split(":", 1)[0] for x in problems})
         else:
             modified = [f for f in patch.files if _blob(git, old_parent, f) is not None]
             gone = [f for f in modified if _blob(git, head, f) is None]
@@ -744,12 +748,18 @@ def _step(
             o.action = "stop"
             o.note = (o.note + "; " if o.note else "") + f"the recorded resolution no longer applies ({e})"
             return o
+        problems = mergecheck.check(git, old_parent, head, new_commit, rp.files)
+        if problems:
+            o.action = "stop"
+            o.hunks = o.hunks + problems
+            o.note = (o.note + "; " if o.note else "") + f"the recorded resolution applies but is broken on this upstream: {problems[0]}"
+            return o
         o.action = "recorded"
         o.how = f"recorded resolution {RESOLUTIONS_DIR}/{{version}}/{name}" + (f": {rec.why}" if rec.why else "")
         o.new_commit = new_commit
         plan.head = new_commit
         return o
-    if o.status in ("conflict", "obsolete"):
+    if o.status in ("conflict", "obsolete", "3way-broken"):
         o.action = "stop"
         return o
     o.action = "keep" if o.status == "exact" else "refresh"
@@ -811,20 +821,32 @@ def _in_sync_stack(git: Git, project: stack.Project) -> tuple[str, list[str]] | 
 
 
 def _build_new_upstream(git: Git, lock: Lock, source: str, url: str | None) -> str:
-    if source == "sdist":
-        commit = up.build_from_sdist(git, lock)
-    elif source == "git":
-        commit = up.build_from_git(git, lock, url)
-    else:
-        raise RebaseError(f"unknown source {source!r}; use git or sdist")
-    return commit
+    if source in ("sdist", "wheel"):
+        return up.build_registry(git, lock)
+    if source == "git":
+        return up.build_from_git(git, lock, url)
+    raise RebaseError(f"unknown source {source!r}; use auto, git, sdist or wheel")
+
+
+def _resolve_source(project: stack.Project, onto: str, source: str, url: str | None) -> str:
+    """--source auto: git when the URL answers, else the sdist, else the wheel (says which and why)."""
+    if source != "auto":
+        return source
+    m = up._ONTO_VERSION_RE.match(onto.strip())
+    if not m:
+        return "git"
+    tag = onto if onto.startswith("v") else f"v{m.group(1)}"
+    chosen, why = up.choose_source(url or project.lock.url, tag, project.lock.name, m.group(1))
+    say(f"source: {chosen} ({why})")
+    return chosen
 
 
 def _prepare(git: Git, project_root: Path, onto: str, source: str, commit: str | None, url: str | None, in_sync) -> Plan:
     project = stack.Project.load(project_root)
+    source = _resolve_source(project, onto, source, url)
     if in_sync is None:
         say(f"building the current stack on {project.lock.describe()} to compare against")
-        old_base = up.build_from_sdist(git, project.lock) if source == "sdist" else up.build_from_git(git, project.lock, url)
+        old_base = up.build_from_git(git, project.lock, url) if source == "git" else up.build_registry(git, project.lock)
         up.verify_blobs(git, old_base, project.lock, source)
         old_commits = stack.build_chain(git, project, old_base, progress=False)
     else:
@@ -852,6 +874,22 @@ def _prepare(git: Git, project_root: Path, onto: str, source: str, commit: str |
         onto=onto_commit,
         head=onto_commit,
     )
+
+
+def classify(git: Git, project_root: Path, old_base: str, old_commits: list[str], new_lock: Lock, onto: str, source: str) -> list[Outcome]:
+    """Classify every patch of the project's series on `onto` (dry run; the watch calls this
+    once per release with the old stack built once). git must hold all of these objects."""
+    project = stack.Project.load(project_root)
+    plan = Plan(
+        project=str(project_root), source=source, old_lock=project.lock.dumps(), new_lock=new_lock.dumps(),
+        old_base=old_base, old_commits=list(old_commits), names=[e.name for e in project.series.entries],
+        strips=[e.strip for e in project.series.entries], sha256s=[hashlib.sha256(p.data).hexdigest() for p in project.patches],
+        onto=onto, head=onto,
+    )
+    outcomes = _run_steps(git, plan, dry_run=True)
+    for o in outcomes:
+        o.how = o.how.replace("{version}", new_lock.version)
+    return outcomes
 
 
 # --------------------------------------------------------------------------------------
@@ -1186,7 +1224,9 @@ def _changelog_section(old: Lock, new: Lock, source: str, outcomes: list[Outcome
     lines = [
         f"## Rebase onto sglang {new.version} (from {old.version}) - {today}",
         "",
-        f"- Target: {new.name} {new.version}, tag {new.tag}, commit {new.commit}, sdist sha256 {new.sdist_sha256} (source: {source}).",
+        f"- Target: {new.name} {new.version}, tag {new.tag}, commit {new.commit}, {new.artifact_kind} {new.sdist_filename} sha256 "
+        f"{new.sdist_sha256} (source: {source})."
+        + (" The release records no commit and GitHub did not answer: the pin says commit = unknown." if new.commit == "unknown" else ""),
     ]
     for o in outcomes:
         if o.action in ("drop", "recorded-drop", "skip"):

@@ -39,6 +39,7 @@ KNOWN_DEP3 = (
     "Acked-by",
     "Last-Update",
     "Applied-Upstream",
+    "X-Superseded-By",  # sglpatch: how to recognise upstream's replacement (sglpatch.supersede)
 )
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+/-]*$")
 

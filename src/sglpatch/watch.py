@@ -1,0 +1,285 @@
+"""`sglpatch watch`: the series against every upstream release after the pin.
+
+One row per release, one column per patch (the classification is rebase's own, see
+``rebase.classify``), plus the release's dependency pins next to the pinned release's.
+Trees are cached: each registry artifact is unpacked once into a cache git repository
+(``$SGLPATCH_CACHE/trees.git``, ref ``refs/sglpatch/trees/<artifact sha256>``), so a second
+run only classifies. Output: a terminal table, and optionally JSON and markdown.
+Exit status: 3 when the newest release needs a human, else 0.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from sglpatch import artifacts, rebase, stack, supersede
+from sglpatch import upstream as up
+from sglpatch.errors import SglpatchError, say
+from sglpatch.fsutil import write_if_changed
+from sglpatch.gitcmd import Git
+from sglpatch.lock import UNKNOWN_COMMIT, Lock
+
+EXIT_OK = 0
+EXIT_HUMAN = 3
+DEPS = ("torch", "flashinfer-python", "sgl-kernel", "sglang-kernel", "transformers")
+TREE_REF = "refs/sglpatch/trees"
+SHORT = {
+    "exact": "exact",
+    "3way": "3-way",
+    "3way-broken": "BROKEN",
+    "conflict": "CONFLICT",
+    "obsolete": "GONE",
+    "upstream": "upstream",
+    "recorded": "recorded",
+    "superseded": "superseded",
+}
+
+
+@dataclass
+class Cell:
+    status: str  # exact | 3way | 3way-broken | conflict | obsolete | upstream | recorded | superseded
+    text: str  # the words the issue uses
+    details: list[str] = field(default_factory=list)
+    needs_human: bool = False
+
+
+@dataclass
+class Row:
+    version: str
+    source: str
+    artifact: str
+    sha256: str
+    commit: str
+    cells: dict[str, Cell]
+    deps: dict[str, str]
+    verdict: str  # nothing | unattended | human
+
+
+# --------------------------------------------------------------------------------------
+# trees
+
+
+def cache_repo() -> Git:
+    path = up.cache_dir() / "trees.git"
+    if not (path / "HEAD").exists():
+        path.mkdir(parents=True, exist_ok=True)
+        Git(path).run("init", "-q", "--bare")
+    return Git(path)
+
+
+def tree_commit(cg: Git, kind: str, path: Path, sha256: str, subdir: str = "python") -> str:
+    """The artifact's tree as a commit in the cache repository (built once per sha256)."""
+    ref = f"{TREE_REF}/{sha256}"
+    have = cg.rev(ref)
+    if have:
+        return have
+    t0 = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="sglpatch-tree-") as tmp:
+        dest = Path(tmp) / subdir
+        dest.mkdir(parents=True)
+        if kind == "wheel":
+            artifacts.extract_wheel(path, dest)
+        else:
+            up._safe_extract(path, dest)
+        commit = up._commit_tree(cg, Path(tmp), f"{path.name}\n\nsha256 {sha256}, unpacked under {subdir}/\n")
+    cg.update_ref(ref, commit, message="sglpatch watch: tree cache")
+    say(f"cached the tree of {path.name} in {time.monotonic() - t0:.1f}s")
+    return commit
+
+
+def _release_lock(current: Lock, version: str, art: artifacts.Artifact, path: Path) -> Lock:
+    commit = artifacts.recorded_commit(path) or UNKNOWN_COMMIT
+    return Lock(name=current.name, url=current.url, tag=f"v{version}", commit=commit, version=version,
+                sdist_filename=art.filename, sdist_sha256=art.sha256, sdist_subdir=current.sdist_subdir)
+
+
+# --------------------------------------------------------------------------------------
+# dependency pins
+
+
+def dep_pins(path: Path, version: str, name: str = "sglang") -> dict[str, str]:
+    meta = artifacts.metadata(path)
+    out: dict[str, str] = {}
+    for req in meta.get_all("Requires-Dist") or []:
+        if "extra ==" in req:
+            continue
+        m = re.match(r"^\s*([A-Za-z0-9_.-]+)\s*(\[[^\]]*\])?\s*(.*)$", req)
+        dist = re.sub(r"[-_.]+", "-", m.group(1)).lower()
+        if dist in DEPS:
+            out[dist] = (m.group(3).split(";")[0].strip().strip("()") or "any")
+    out["python"] = meta.get("Requires-Python", "") or "?"
+    tags = sorted({a.filename[:-4].split("-")[-3] for a in artifacts.index_files(name) if a.version == version and a.kind == "wheel"})
+    out["tags"] = ",".join(tags) or "-"
+    return out
+
+
+# --------------------------------------------------------------------------------------
+# the matrix
+
+
+def _cell(o: rebase.Outcome, version: str) -> Cell:
+    if o.action == "recorded":
+        return Cell("recorded", f"resolved (recorded for {o.how.split('/')[1] if '/' in o.how else version})", [o.how])
+    details = list(o.hunks) or list(o.files)
+    if o.status == "exact":
+        return Cell("exact", "applies exactly")
+    if o.status == "3way":
+        return Cell("3way", "3-way clean")
+    if o.status == "3way-broken":
+        return Cell("3way-broken", o.how, details, True)
+    if o.status == "upstream":
+        return Cell("upstream", "already upstream", [o.how])
+    if o.status == "obsolete":
+        return Cell("obsolete", "target file gone", details, o.action == "stop")
+    text = f"conflict ({', '.join(o.files)})"
+    if o.note:
+        details.append(o.note)
+    return Cell("conflict", text, details, o.action == "stop")
+
+
+def _parse_range(spec: str | None, name: str, pinned: str) -> list[str]:
+    if not spec:
+        return artifacts.releases(name, after=pinned)
+    if ".." not in spec:
+        return [spec]
+    a, b = spec.split("..", 1)
+    return artifacts.releases(name, first=a or None, upto=b or None, after=None if a else pinned)
+
+
+def run(project_root: Path, releases: str | None = None) -> dict:
+    project_root = Path(project_root).resolve()
+    project = stack.Project.load(project_root)
+    lock = project.lock
+    versions = _parse_range(releases, lock.name, lock.version)
+    if not versions:
+        raise SglpatchError(f"no releases of {lock.name} after {lock.version} on the index" if not releases else f"no release matches {releases}")
+    t0 = time.monotonic()
+    cg = cache_repo()
+    pin_art, pin_path = artifacts.fetch(lock.name, lock.version, lock.artifact_kind, expect_sha256=lock.sdist_sha256)
+    old_base = tree_commit(cg, lock.artifact_kind, pin_path, pin_art.sha256, lock.sdist_subdir)
+    up.verify_blobs(cg, old_base, lock, "registry")
+    pinned_deps = dep_pins(pin_path, lock.version, lock.name)
+    rows: list[Row] = []
+    with tempfile.TemporaryDirectory(prefix="sglpatch-watch-") as tmp:
+        sg = Git(Path(tmp))
+        sg.run("init", "-q", "--bare")
+        (Path(tmp) / "objects" / "info" / "alternates").write_text(str((cg.workdir / "objects").resolve()) + "\n")
+        old_commits = stack.build_chain(sg, project, old_base, progress=False)
+        for k, v in enumerate(versions, 1):
+            kind = "sdist" if "sdist" in artifacts.kinds_offered(lock.name, v) else "wheel"
+            say(f"[{k}/{len(versions)}] {lock.name} {v} ({kind})")
+            art, path = artifacts.fetch(lock.name, v, kind)
+            onto = tree_commit(cg, kind, path, art.sha256, lock.sdist_subdir)
+            new_lock = _release_lock(lock, v, art, path)
+            outcomes = rebase.classify(sg, project_root, old_base, old_commits, new_lock, onto, kind)
+            deps = dep_pins(path, v, lock.name)
+            cells = {}
+            for o, patch in zip(outcomes, project.patches):
+                c = _cell(o, v)
+                sup = supersede.probe(sg, onto, patch, deps)
+                if sup and sup.holds:
+                    c = Cell("superseded", f"superseded by upstream: {sup.evidence}; {sup.switch}", [c.text] + c.details, False)
+                elif sup and sup.evidence:
+                    c.details.append(f"not superseded: {sup.evidence}")
+                cells[o.name] = c
+            human = any(c.needs_human for c in cells.values())
+            verdict = "human" if human else ("nothing" if all(c.status == "exact" for c in cells.values()) else "unattended")
+            rows.append(Row(v, kind, art.filename, art.sha256, new_lock.commit, cells, deps, verdict))
+    return {
+        "pinned": {"version": lock.version, "artifact": lock.sdist_filename, "deps": pinned_deps},
+        "patches": [e.name for e in project.series.entries],
+        "rows": [asdict(r) for r in rows],
+        "newest": versions[-1],
+        "newest_verdict": rows[-1].verdict,
+        "seconds": round(time.monotonic() - t0, 1),
+    }
+
+
+# --------------------------------------------------------------------------------------
+# output
+
+
+VERDICT = {"nothing": "nothing to do", "unattended": "rebase does it unattended", "human": "NEEDS A HUMAN"}
+
+
+def _short_patch(name: str) -> str:
+    return "P" + str(int(name.split("-", 1)[0])) if name[:4].isdigit() else name[:8]
+
+
+def _dep_str(deps: dict, pinned: dict) -> str:
+    parts = []
+    for d in (*DEPS, "python"):
+        if d in deps:
+            mark = "" if deps.get(d) == pinned.get(d) else "*"
+            parts.append(f"{d.replace('-python', '')} {deps[d]}{mark}")
+    return "; ".join(parts)
+
+
+def terminal(report: dict) -> list[str]:
+    names = report["patches"]
+    cols = [_short_patch(n) for n in names]
+    lines = [f"upstream watch: the series on {report['pinned']['version']} against {len(report['rows'])} releases"]
+    lines.append(f"{'release':<14}" + "".join(f"{c:<12}" for c in cols) + "verdict")
+    for r in report["rows"]:
+        lines.append(f"{r['version']:<14}" + "".join(f"{SHORT[r['cells'][n]['status']]:<12}" for n in names) + VERDICT[r["verdict"]])
+    lines.append("")
+    lines.append("details (what is not 'applies exactly'):")
+    for r in report["rows"]:
+        for n, c in zip(names, cols):
+            cell = r["cells"][n]
+            if cell["status"] == "exact":
+                continue
+            lines.append(f"  {r['version']} {c}: {cell['text']}")
+            for d in cell["details"][:6]:
+                lines.append(f"      {d}")
+    lines.append("")
+    lines.append(f"dependency pins (* = differs from the pinned {report['pinned']['version']}: {_dep_str(report['pinned']['deps'], report['pinned']['deps'])}):")
+    for r in report["rows"]:
+        lines.append(f"  {r['version']:<14} {r['source']:<6} {_dep_str(r['deps'], report['pinned']['deps'])}; wheels {r['deps'].get('tags')}")
+    lines.append(f"newest {report['newest']}: {VERDICT[report['newest_verdict']]} ({report['seconds']}s)")
+    return lines
+
+
+def markdown(report: dict, command: str | None = None) -> str:
+    names = report["patches"]
+    cols = [_short_patch(n) for n in names]
+    out = [f"# Upstream watch: the series on sglang {report['pinned']['version']}", ""]
+    if command:
+        out += [f"Command: `{command}`  ", f"Date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}", ""]
+    out += ["Patches: " + ", ".join(f"{c} = `{n}`" for c, n in zip(cols, names)), ""]
+    out.append("| release | source | " + " | ".join(cols) + " | verdict |")
+    out.append("|---|---|" + "---|" * len(cols) + "---|")
+    for r in report["rows"]:
+        cells = [r["cells"][n]["text"].replace("|", "\\|") for n in names]
+        out.append(f"| {r['version']} | {r['source']} | " + " | ".join(cells) + f" | {VERDICT[r['verdict']]} |")
+    out += ["", "## Dependency pins", "", "| release | torch | flashinfer-python | sgl-kernel | sglang-kernel | transformers | Requires-Python | wheel tags |",
+            "|---|---|---|---|---|---|---|---|"]
+    for label, deps in [(f"{report['pinned']['version']} (pinned)", report["pinned"]["deps"])] + [(r["version"], r["deps"]) for r in report["rows"]]:
+        out.append(f"| {label} | " + " | ".join(deps.get(d, "-") for d in DEPS) + f" | {deps.get('python', '-')} | {deps.get('tags', '-')} |")
+    out += ["", "## Details", ""]
+    for r in report["rows"]:
+        for n, c in zip(names, cols):
+            cell = r["cells"][n]
+            if cell["status"] in ("exact", "3way"):
+                continue
+            out.append(f"- **{r['version']} {c}**: {cell['text']}")
+            out += [f"  - {d}" for d in cell["details"][:8]]
+    out += ["", f"Newest release {report['newest']}: **{VERDICT[report['newest_verdict']]}**.", ""]
+    return "\n".join(out)
+
+
+def main(project_root: Path, releases: str | None = None, json_out: str | None = None, md_out: str | None = None,
+         command: str | None = None) -> int:
+    report = run(project_root, releases)
+    print("\n".join(terminal(report)))
+    if json_out:
+        data = dict(report, command=command, date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()))
+        write_if_changed(Path(json_out), (json.dumps(data, indent=1) + "\n").encode())
+    if md_out:
+        write_if_changed(Path(md_out), markdown(report, command).encode())
+    return EXIT_HUMAN if report["newest_verdict"] == "human" else EXIT_OK
