@@ -101,30 +101,42 @@ def _used_and_defined(tree: ast.AST, lines: set[int]) -> tuple[dict[str, tuple[i
     return used, own
 
 
+def _def_patterns(n: str) -> list[re.Pattern]:
+    e = re.escape(n)
+    return [re.compile(p) for p in (
+        rf"\b(?:def|class)\s+{e}\b",  # def / class
+        rf"\b{e}\s*(?::[^=]*)?=(?!=)",  # assignment, annotated, default, keyword
+        rf"[(,]\s*\**{e}\s*[,):]",  # parameter (or positional)
+        rf"^\s*\**{e}\s*[,:)]",  # parameter on its own line, a name in an import list
+        rf"^\s*{e}\s*$",
+        rf"\b(?:import|as)\s+(?:.*[\s,(])?{e}\b",  # import (also `import a, b`, `as x`)
+    )]
+
+
 def defined_names(git: Git, commit: str, names: set[str]) -> set[str]:
     """Which of names some Python file in commit's tree defines (def/class/assignment/parameter/
-    keyword/import), by one `git grep` over the tree."""
+    keyword/import): one fixed-string `git grep -w` over the tree, then the patterns above."""
+    known = {n for n in names if (commit, n) in _MEMO}
+    hits = {n for n in known if _MEMO[(commit, n)]}
+    names = set(names) - known
     if not names:
-        return set()
-    alt = "|".join(sorted(re.escape(n) for n in names))
-    pats = [
-        rf"(def|class)[[:space:]]+({alt})\b",  # def / class
-        rf"\b({alt})[[:space:]]*(:[^=]*)?=([^=]|$)",  # assignment, annotated, default, keyword
-        rf"[(,][[:space:]]*\**({alt})[[:space:]]*[,):]",  # parameter (or positional)
-        rf"^[[:space:]]*({alt})[[:space:]]*[,:)]",  # parameter on its own line
-        rf"(import|as)[[:space:]]+.*\b({alt})\b",  # import (also `import a, b`, `as x`)
-        rf"^[[:space:]]+\b({alt})\b[[:space:]]*$",  # a name in a multi-line import list
-        rf"^[[:space:]]+\b({alt})\b,",
-    ]
-    args = ["grep", "-I", "-h", "-o", "-E"]
-    for p in pats:
-        args += ["-e", p]
-    rc, out, _ = git.run(*args, commit, "--", "*.py", check=False)
+        return hits
+    args = ["grep", "-I", "-h", "-w", "-F"]
+    for n in sorted(names):
+        args += ["-e", n]
+    rc, out, _ = git.run(*args, commit, "--", "*.py", check=False, strip=False)
     found = set()
+    lines = out.split("\n")
     for n in names:
-        if re.search(rf"\b{re.escape(n)}\b", out):
+        pats = _def_patterns(n)
+        word = re.compile(rf"\b{re.escape(n)}\b")
+        _MEMO[(commit, n)] = any(word.search(line) and any(p.search(line) for p in pats) for line in lines)
+        if _MEMO[(commit, n)]:
             found.add(n)
-    return found
+    return found | hits
+
+
+_MEMO: dict[tuple[str, str], bool] = {}  # (commit, name) -> defined; commits are immutable
 
 
 def check(git: Git, old_base: str, base: str, merged: str, paths: list[str]) -> list[str]:
@@ -132,6 +144,7 @@ def check(git: Git, old_base: str, base: str, merged: str, paths: list[str]) -> 
 
     old_base: the old upstream with the same earlier patches (where the patch was made)."""
     problems: list[str] = []
+    uses: list[tuple[str, dict]] = []
     for path in paths:
         if not path.endswith(".py"):
             continue
@@ -157,13 +170,14 @@ def check(git: Git, old_base: str, base: str, merged: str, paths: list[str]) -> 
             else:
                 problems.append(f"{path}:{m.lineno}: {m.message % m.message_args}")
         lines = _added_lines(git, base, merged, path)
-        if not lines:
-            continue
-        used, own = _used_and_defined(ast.parse(text), lines)
-        cands = {n for n in used if n not in own and not hasattr(builtins, n)}
-        old_def = defined_names(git, old_base, cands)
-        gone = old_def - defined_names(git, merged, old_def)
-        for n in sorted(gone, key=lambda x: used[x][0]):
+        if lines:
+            used, own = _used_and_defined(ast.parse(text), lines)
+            uses.append((path, {n: u for n, u in used.items() if n not in own and not hasattr(builtins, n)}))
+    cands = {n for _, used in uses for n in used}
+    old_def = defined_names(git, old_base, cands)
+    gone = old_def - defined_names(git, merged, old_def)
+    for path, used in uses:
+        for n in sorted(gone & set(used), key=lambda x: used[x][0]):
             ln, what = used[n]
             problems.append(f"{path}:{ln}: {what} {n!r} is defined in the old upstream but nowhere in the new one (renamed or removed upstream?)")
     return problems
