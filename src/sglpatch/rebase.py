@@ -593,6 +593,8 @@ class Recorded:
     why: str
     patch_sha256: str
     data: bytes | None = None
+    conflict: str = ""  # conflict_key() of the conflict it resolves (like git rerere)
+    version: str = ""  # the release it was recorded for
 
 
 def resolutions_dir(project: Path, version: str) -> Path:
@@ -621,7 +623,7 @@ def read_resolutions(project: Path, version: str) -> tuple[dict[str, Recorded], 
                 if not pf.is_file():
                     raise RebaseError(f"{f}: patch {name!r} is 'replace' but {pf} is missing")
                 body = pf.read_bytes()
-            recs[name] = Recorded(action, str(t.get("why", "")).strip(), t["patch_sha256"], body)
+            recs[name] = Recorded(action, str(t.get("why", "")).strip(), t["patch_sha256"], body, str(t.get("conflict", "")), version)
     tf = d / "target.toml"
     if tf.is_file():
         try:
@@ -648,11 +650,48 @@ def write_resolutions(project: Path, version: str, recs: dict[str, Recorded]) ->
     for name in sorted(recs):
         r = recs[name]
         lines += [f"[patch.{_toml_str(name)}]", f"action = {_toml_str(r.action)}", f"patch_sha256 = {_toml_str(r.patch_sha256)}"]
+        if r.conflict:
+            lines.append(f"conflict = {_toml_str(r.conflict)}")
         lines.append(f"why = {_toml_str(r.why)}")
         lines.append("")
         if r.action == "replace" and r.data is not None:
             write_if_changed(d / name, r.data)
     write_if_changed(d / "resolutions.toml", "\n".join(lines).encode())
+
+
+def conflict_key(git: Git, head: str, patch: PatchFile, strip: int) -> str:
+    """What of the patch no longer applies to head: its files and the old lines of every hunk
+    whose context is gone, hashed (the same conflict on another release has the same key)."""
+    h = hashlib.sha256()
+    for path, hunks in sorted(stack._parse_hunks(patch, strip).items()):
+        text = _blob(git, head, path)
+        h.update(f"{path}\0{'gone' if text is None else ''}\0".encode())
+        if text is None:
+            continue
+        lines = text.split("\n")
+        for hk in hunks:
+            k = len(hk.old_lines)
+            if not any(lines[j : j + k] == hk.old_lines for j in range(len(lines) - k + 1)):
+                h.update(("\n".join(hk.old_lines) + "\0").encode())
+    return h.hexdigest()
+
+
+def _rerere(project: Path, name: str, key: str, sha: str, o: Outcome) -> Recorded | None:
+    """A recorded resolution of this patch for the same conflict, from any release's folder."""
+    root = project / RESOLUTIONS_DIR
+    other = None
+    for d in sorted(root.iterdir()) if root.is_dir() else []:
+        if not (d / "resolutions.toml").is_file():
+            continue
+        rec = read_resolutions(project, d.name)[0].get(name)
+        if rec is None:
+            continue
+        if rec.conflict == key or rec.patch_sha256 == sha and not rec.conflict:
+            return rec
+        other = rec
+    if other is not None:
+        o.note = (o.note + "; " if o.note else "") + f"the recorded resolution for {other.version} is for another conflict: not used"
+    return None
 
 
 # --------------------------------------------------------------------------------------
@@ -732,7 +771,10 @@ def _step(
     if hint:
         o.note = f"Applied-Upstream says {hint!r}, but the change is not in the new tree: kept"
     rec = recs.get(name)
-    if rec is not None and rec.patch_sha256 != plan.sha256s[i]:
+    key = conflict_key(git, head, patch, entry.strip) if o.status in ("conflict", "obsolete", "3way-broken") else ""
+    if key and (rec is None or rec.patch_sha256 != plan.sha256s[i]):
+        rec = _rerere(Path(plan.project), name, key, plan.sha256s[i], o) or rec
+    if rec is not None and rec.patch_sha256 != plan.sha256s[i] and not (key and rec.conflict == key):
         o.note = (o.note + "; " if o.note else "") + (
             f"the recorded resolution in {RESOLUTIONS_DIR}/ is for another version of this patch: not used"
         )
@@ -755,7 +797,7 @@ def _step(
             o.note = (o.note + "; " if o.note else "") + f"the recorded resolution applies but is broken on this upstream: {problems[0]}"
             return o
         o.action = "recorded"
-        o.how = f"recorded resolution {RESOLUTIONS_DIR}/{{version}}/{name}" + (f": {rec.why}" if rec.why else "")
+        o.how = f"recorded resolution {RESOLUTIONS_DIR}/{rec.version or '{version}'}/{name}" + (f": {rec.why}" if rec.why else "")
         o.new_commit = new_commit
         plan.head = new_commit
         return o
