@@ -659,20 +659,26 @@ def write_resolutions(project: Path, version: str, recs: dict[str, Recorded]) ->
     write_if_changed(d / "resolutions.toml", "\n".join(lines).encode())
 
 
-def conflict_key(git: Git, head: str, patch: PatchFile, strip: int) -> str:
-    """What of the patch no longer applies to head: its files and the old lines of every hunk
-    whose context is gone, hashed (the same conflict on another release has the same key)."""
+def conflict_key(git: Git, tree: str, files: list[str]) -> str:
+    """The conflict itself, like git rerere: the conflicting files and the text of every
+    conflict region (both sides) of the 3-way result, marker labels dropped, hashed."""
     h = hashlib.sha256()
-    for path, hunks in sorted(stack._parse_hunks(patch, strip).items()):
-        text = _blob(git, head, path)
-        h.update(f"{path}\0{'gone' if text is None else ''}\0".encode())
+    for path in sorted(files):
+        text = _blob(git, tree, path)
+        h.update(f"{path}\0".encode())
         if text is None:
+            h.update(b"gone\0")
             continue
-        lines = text.split("\n")
-        for hk in hunks:
-            k = len(hk.old_lines)
-            if not any(lines[j : j + k] == hk.old_lines for j in range(len(lines) - k + 1)):
-                h.update(("\n".join(hk.old_lines) + "\0").encode())
+        inside = False
+        for line in text.split("\n"):
+            if line.startswith("<<<<<<<"):
+                inside = True
+                h.update(b"<<<\n")
+            elif inside and line.startswith((">>>>>>>", "=======", "|||||||")):
+                h.update(line[:3].encode() + b"\n")
+                inside = not line.startswith(">>>>>>>")
+            elif inside:
+                h.update(line.encode() + b"\n")
     return h.hexdigest()
 
 
@@ -771,7 +777,7 @@ def _step(
     if hint:
         o.note = f"Applied-Upstream says {hint!r}, but the change is not in the new tree: kept"
     rec = recs.get(name)
-    key = conflict_key(git, head, patch, entry.strip) if o.status in ("conflict", "obsolete", "3way-broken") else ""
+    key = conflict_key(git, tree, o.files) if o.status in ("conflict", "obsolete") else ""
     if key and (rec is None or rec.patch_sha256 != plan.sha256s[i]):
         rec = _rerere(Path(plan.project), name, key, plan.sha256s[i], o) or rec
     if rec is not None and rec.patch_sha256 != plan.sha256s[i] and not (key and rec.conflict == key):
