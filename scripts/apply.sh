@@ -10,6 +10,8 @@
 # ~/ml-env/bin/python3 when it exists, else python3; source auto (git when the upstream URL
 # answers within a few seconds, otherwise the registry sdist).
 set -euo pipefail
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+check_values apply.sh "$@"
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 WORKDIR="${SGLANG_FORK_DIR:-$HOME/sglang-fork}"
 SOURCE=auto
@@ -21,9 +23,12 @@ while [ $# -gt 0 ]; do
     --workdir) WORKDIR="$2"; shift 2 ;;
     --python) PY="$2"; shift 2 ;;
     --source) SOURCE="$2"; shift 2 ;;
+    --workdir=*) WORKDIR="${1#*=}"; shift ;;
+    --python=*) PY="${1#*=}"; shift ;;
+    --source=*) SOURCE="${1#*=}"; shift ;;
     --with-flashinfer) WITH_FLASHINFER=1; shift ;;
     --no-install|--force) EXTRA+=("$1"); shift ;;
-    -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
+    -h|--help) usage; exit 0 ;;
     *) echo "apply.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done

@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # Wall time of `sglpatch rebase --onto 0.5.10.post1 --source sdist` (dry run and full), median of N,
 # each on a fresh copy of the project and a freshly applied workdir (sdists cached).
-#   scripts/bench_rebase.sh [N] > results/rebase-timing.md
+#   scripts/bench_rebase.sh [N] > results/rebase-timing.md      (N: runs, default 3)
 set -euo pipefail
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+if [[ "${1:-}" == -h || "${1:-}" == --help ]]; then usage; exit 0; fi
+if [[ -n "${1:-}" && ! "$1" =~ ^[1-9][0-9]*$ ]]; then echo "bench_rebase.sh: N must be a positive number (see --help)" >&2; exit 2; fi
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 N="${1:-3}"
 TMP="$(mktemp -d)"; trap 'rm -rf "$TMP"' EXIT

@@ -3,7 +3,11 @@
 # PYTHON=... that interpreter instead) and run them. The venv keeps the test requirements
 # (torch 2.14.1, transformers 4.57.1, ...) away from the Python that serves your models.
 # Needs: git, Debian's quilt and patch (installed with apt-get when run as root).
+#
+#   scripts/test.sh [PYTEST ARGS...]      e.g. scripts/test.sh tests/test_stack.py -k export
 set -euo pipefail
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+if [[ "${1:-}" == -h || "${1:-}" == --help ]]; then usage; exit 0; fi
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$HERE"
 if [ -n "${PYTHON:-}" ]; then

@@ -141,7 +141,8 @@ class Case:
         )
 
     def apply(self, *extra: str, env: dict | None = None, workdir: Path | None = None) -> subprocess.CompletedProcess:
-        return self.run("apply", "--project", str(self.project), "--workdir", str(workdir or self.fork), "--no-install", *extra, env=env)
+        source = () if "--source" in extra else ("--source", "sdist")  # the registry sdist unless a test says otherwise
+        return self.run("apply", "--project", str(self.project), "--workdir", str(workdir or self.fork), "--no-install", *source, *extra, env=env)
 
     def export(self, env: dict | None = None) -> subprocess.CompletedProcess:
         return self.run("export", "--project", str(self.project), "--workdir", str(self.fork), env=env)
@@ -804,7 +805,7 @@ def test_two_applies_at_once(fresh):
     c = fresh
     env = c.env()
     first = subprocess.Popen(
-        [sys.executable, "-m", "sglpatch.cli", "apply", "--project", str(c.project), "--workdir", str(c.fork), "--no-install"],
+        [sys.executable, "-m", "sglpatch.cli", "apply", "--project", str(c.project), "--workdir", str(c.fork), "--no-install", "--source", "sdist"],
         cwd=c.tmp, stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env,
     )
     for line in first.stderr:
@@ -1039,7 +1040,7 @@ def test_pip_failing_during_install(case):
 
     env_dir = case.tmp / "t" / "venv"
     py = make_venv(env_dir)
-    args = ("apply", "--project", str(case.project), "--workdir", str(case.fork), "--python", str(py), "--installer", "pip")
+    args = ("apply", "--project", str(case.project), "--workdir", str(case.fork), "--source", "sdist", "--python", str(py), "--installer", "pip")
     with open(case.project / "series", "a") as s:
         s.write("# rebuild\n")
     bad = {"PIP_INDEX_URL": "http://127.0.0.1:9/simple", "PIP_CONFIG_FILE": os.devnull, "PIP_FIND_LINKS": "",
@@ -1149,7 +1150,7 @@ def test_sigkill_from_outside_mid_apply(fresh):
     """A real kill -9 of the whole process group (sglpatch and its git) as soon as the first patch lands."""
     c = fresh
     p = subprocess.Popen(
-        [sys.executable, "-m", "sglpatch.cli", "apply", "--project", str(c.project), "--workdir", str(c.fork), "--no-install"],
+        [sys.executable, "-m", "sglpatch.cli", "apply", "--project", str(c.project), "--workdir", str(c.fork), "--no-install", "--source", "sdist"],
         cwd=c.tmp, stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=c.env(), start_new_session=True,
     )
     for line in p.stderr:

@@ -38,6 +38,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from sglpatch import proctree
 from sglpatch.errors import SglpatchError
 from sglpatch.fsutil import exclusive
 from sglpatch.gitcmd import Git, validate_ref
@@ -48,6 +49,7 @@ PATCHED_BRANCH = "patched"
 ENV_COMMIT = "SGLPATCH_BISECT_COMMIT"
 ENV_PATCH = "SGLPATCH_BISECT_PATCH"
 KILL_GRACE_S = 5.0  # SIGTERM to the CMD's process group, then SIGKILL after this
+SNAPSHOT_EVERY_S = 0.5  # how often the CMD's descendants are recorded while it runs
 EXIT_GOOD, EXIT_BAD, EXIT_SKIP, EXIT_ABORT = 0, 1, 125, 255
 VERDICT_EXIT = {"good": EXIT_GOOD, "bad": EXIT_BAD, "skip": EXIT_SKIP}
 
@@ -139,27 +141,6 @@ def _say(stream, msg: str) -> None:
         pass
 
 
-def _kill_group(pgid: int, grace: float = KILL_GRACE_S, proc: subprocess.Popen | None = None) -> None:
-    """SIGTERM the process group, SIGKILL what is left after grace seconds."""
-    try:
-        os.killpg(pgid, signal.SIGTERM)
-    except (ProcessLookupError, PermissionError):
-        return
-    deadline = time.monotonic() + grace
-    while time.monotonic() < deadline:
-        if proc is not None:
-            proc.poll()  # reap our own child: a zombie still counts as a member of the group
-        try:
-            os.killpg(pgid, 0)
-        except (ProcessLookupError, PermissionError):
-            return
-        time.sleep(0.05)
-    try:
-        os.killpg(pgid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
 def _pump(src, sinks) -> None:
     try:
         while True:
@@ -207,6 +188,7 @@ def run_cmd(
             start_new_session=True,  # its own process group: a timeout kills all of it
         )
         pgid = proc.pid
+        tree = proctree.Tree(pgid)
         (sd / "current-pgid").write_text(str(pgid))
         readers = [
             threading.Thread(target=_pump, args=(proc.stdout, [log, out]), daemon=True),
@@ -218,21 +200,29 @@ def run_cmd(
         try:
             if (sd / "stop").exists():
                 raise KeyboardInterrupt
-            try:
-                rc: int | None = proc.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                timed_out = True
-                rc = None
-                _kill_group(pgid, proc=proc)
-                if proc.poll() is None:  # the group could not be signalled: at least the CMD itself
-                    proc.kill()
-                proc.wait()
+            rc: int | None = None
+            deadline = None if timeout is None else t0 + timeout
+            while rc is None:
+                # remember CMD's descendants as they come: one that leaves the group is still ended
+                tree.snapshot()
+                left = SNAPSHOT_EVERY_S if deadline is None else min(SNAPSHOT_EVERY_S, deadline - time.monotonic())
+                try:
+                    rc = proc.wait(timeout=max(left, 0.0))
+                except subprocess.TimeoutExpired:
+                    if deadline is not None and time.monotonic() >= deadline:
+                        timed_out = True
+                        tree.kill(KILL_GRACE_S, reap=proc)
+                        if proc.poll() is None:  # the group could not be signalled: at least the CMD itself
+                            proc.kill()
+                        proc.wait()
+                        rc = None
+                        break
         except BaseException:
-            _kill_group(pgid, grace=1.0, proc=proc)
+            tree.kill(1.0, reap=proc)
             raise
         finally:
-            # whatever CMD left running in its group (servers, workers holding GPU memory) goes too
-            _kill_group(pgid, grace=1.0, proc=proc)
+            # whatever CMD left running (servers, workers holding GPU memory) goes too
+            tree.kill(1.0, reap=proc)
             try:
                 (sd / "current-pgid").unlink()
             except FileNotFoundError:
@@ -476,7 +466,7 @@ def _kill_current(sd: Path) -> None:
         pgid = int((sd / "current-pgid").read_text())
     except (FileNotFoundError, ValueError):
         return
-    _kill_group(pgid, grace=2.0)
+    proctree.kill_group(pgid, grace=2.0)
 
 
 def run(

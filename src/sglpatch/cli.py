@@ -1,4 +1,5 @@
-"""Command line: argument parsing and messages only; the logic lives in the rooms."""
+"""Command line: argument parsing and messages only (the work is done in sglpatch.stack,
+upstream, install, rebase, bisect, regress and profile_report)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import os
 import sys
 from pathlib import Path
 
-from sglpatch import install, stack, upstream
+from sglpatch import __version__, install, stack, upstream
 from sglpatch.errors import SglpatchError
 from sglpatch.lock import read_lock
 
@@ -29,9 +30,30 @@ def _add_workdir(p: argparse.ArgumentParser) -> None:
     p.add_argument("--project", help="project root holding series, patches/, upstream.lock (default: found from cwd)")
 
 
+DESCRIPTION = """\
+Maintain SGLang as a quilt-compatible patch series on a pinned upstream release: build
+the patched tree in a git workdir (default ~/sglang-fork) and install it into your Python,
+write your commits there back to patches/, rebase the series onto a new release, bisect a
+regression down to one patch, and regression-test on the GPUs.
+
+Start with `scripts/apply.sh` (or `sglpatch apply`); `sglpatch COMMAND --help` shows a
+command's options; README.md has the workflow."""
+
+
+class _Help(argparse.HelpFormatter):
+    """Wrapped help that shows an option's default, unless it is empty or the help says it."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if action.option_strings and action.default not in (None, False, argparse.SUPPRESS) and "default" not in text:
+            text += " (default: %(default)s)"
+        return text
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="sglpatch", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = argparse.ArgumentParser(prog="sglpatch", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"sglpatch {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     # --- foundation (owner: core) ---------------------------------------
     # (apply / export / status / check / lock are added by _add_core)
@@ -49,6 +71,11 @@ def build_parser() -> argparse.ArgumentParser:
     # --- rebase (owner: rebase helper) -------------------------------------
     _add_rebase(sub)
     _add_watch(sub)
+    for action in sub._choices_actions:  # every command: defaults shown, its summary on top
+        p = sub.choices[action.dest]
+        p.formatter_class = _Help
+        if p.description is None:
+            p.description = action.help
     return parser
 
 
@@ -147,7 +174,13 @@ def _cmd_lock(args) -> int:
 def _add_core(sub) -> None:
     p = sub.add_parser("apply", help="build branch patched in the workdir from upstream.lock + series, and install it")
     _add_workdir(p)
-    p.add_argument("--source", choices=["auto", "git", "sdist"], default="sdist", help="where the upstream tree comes from")
+    p.add_argument(
+        "--source",
+        choices=["auto", "git", "sdist"],
+        default="auto",
+        help="where the upstream tree comes from; auto: git when upstream.url answers within --probe-timeout, "
+        "else the registry sdist (also when the git tree fails a lock check)",
+    )
     p.add_argument("--upstream-url", help="override upstream.url (a mirror); https, ssh or file URLs only")
     p.add_argument("--probe-timeout", type=float, default=8.0, help="seconds --source auto waits for the git URL")
     p.add_argument("--no-install", action="store_true", help="do not pip-install the patched tree")
@@ -166,7 +199,9 @@ def _add_core(sub) -> None:
 
     p = sub.add_parser("check", help="series vs patches/ vs lock; every patch applies exactly (CI gate)")
     _add_workdir(p)
-    p.add_argument("--source", choices=["git", "sdist"], default="sdist")
+    p.add_argument(
+        "--source", choices=["git", "sdist"], default="sdist", help="where the pinned upstream tree is taken from: the registry sdist, or git (upstream.url)"
+    )
     p.set_defaults(func=_cmd_check)
 
     p = sub.add_parser("lock", help="show upstream.lock, resolve the full commit id, or refresh blob ids")
@@ -207,6 +242,13 @@ def _add_profile_report(sub) -> None:
     p.set_defaults(func=run)
 
 
+def _stress_count(text: str) -> int:
+    n = int(text) if text.isdigit() else 0
+    if n <= 0:
+        raise argparse.ArgumentTypeError(f"--stress wants a positive number of iterations, not {text!r}")
+    return n
+
+
 def _add_regress(sub) -> None:
     p = sub.add_parser(
         "regress",
@@ -214,11 +256,20 @@ def _add_regress(sub) -> None:
         description="Exit 0: every tier that ran passed; 1: a regression; 2: a usage error; 125: the tier "
         "cannot run here (no GPUs), so `git bisect run` skips.",
     )
-    p.add_argument("--tier", choices=["cpu", "kernel", "server", "all"], default="all")
+    p.add_argument(
+        "--tier",
+        choices=["cpu", "kernel", "server", "all"],
+        default="all",
+        help="cpu: the patch tests on the installed sglang; kernel: allreduce latency and correctness (>= 2 GPUs); "
+        "server: the patched server's tok/s against the baseline; all: each in turn",
+    )
     p.add_argument("--profile", help="targets/NAME.toml, or NAME of a file in targets/ (e.g. rtx6000x8-kimi-k25)")
     p.add_argument("--report", help="report folder (default: ./regress-<UTC time>)")
     p.add_argument("--baseline", help="a previous report.json to compare kernel latencies with (same hardware only)")
     p.add_argument("--project", help="project root holding targets/ and tests/ (default: found from cwd)")
+    p.add_argument("--stress", type=_stress_count, nargs="?", const=-1, default=None, metavar="N",
+                   help="tier kernel also runs N allreduces per non-NCCL backend and mode, each compared exactly "
+                   "with NCCL (N omitted: the profile's [kernel] stress_iterations, 1000000 on the target)")
 
     def _run(args) -> int:
         from sglpatch.regress import run_regress
@@ -227,8 +278,10 @@ def _add_regress(sub) -> None:
         for flag in ("profile", "report", "baseline", "project"):
             if getattr(args, flag):
                 argv += [f"--{flag}", getattr(args, flag)]
+        if args.stress is not None:
+            argv += ["--stress"] + ([str(args.stress)] if args.stress >= 0 else [])
         res = run_regress(tier=args.tier, profile=args.profile, report=args.report,
-                          project=args.project, baseline=args.baseline, argv=argv)
+                          project=args.project, baseline=args.baseline, argv=argv, stress=args.stress)
         for name, status, summary, failures in res["tiers"]:
             print(f"tier {name}: {status}: {summary}")
             for f in failures[:20]:
@@ -246,7 +299,7 @@ def _add_bisect(sub) -> None:
         description="Run CMD at each step of `git bisect run` over GOOD..BAD in the workdir (the editable "
         "install makes the imported sglang that step's tree) and name the first bad patch by its series "
         "name, subject and DEP-3 Description. CMD runs in the current directory with "
-        "SGLPATCH_BISECT_COMMIT set. DIR always ends back on branch patched, clean.",
+        "SGLPATCH_BISECT_COMMIT set. The workdir always ends back on branch patched, clean.",
     )
     _add_workdir(p)
     p.add_argument("--good", default="upstream", help="a commit where CMD passes (default: upstream)")
@@ -258,7 +311,7 @@ def _add_bisect(sub) -> None:
     p.add_argument(
         "--triage", action="store_true", help="first run CMD on GOOD and BAD: regression upstream, in the series, or none"
     )
-    p.add_argument("--log-dir", help="where step logs and the report go (default: DIR/.git/sglpatch-bisect/<UTC time>)")
+    p.add_argument("--log-dir", help="where step logs and the report go (default: <workdir>/.git/sglpatch-bisect/<UTC time>)")
     p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD [ARGS...]", help="the test command")
 
     def _run(args) -> int:

@@ -274,3 +274,24 @@ class Git:
         if old is not None:
             args.append(old)
         self.run(*args)
+
+
+def patch_paths(patch: bytes, strip: int = 1) -> tuple[list[str], list[str]]:
+    """How git apply itself reads a patch's file headers (quoting, renames, copies, -pN).
+
+    Returns, per file of the patch and in its order, (written, read): the path git apply
+    writes (the new side; the old one for a deletion) and the path it reads (the old side;
+    the new one for a creation). Runs in / with no repository around it, so that no
+    checkout's subdirectory prefixes the paths; nothing is applied (``--numstat``).
+    """
+    git = Git("/")
+    env = {"GIT_CEILING_DIRECTORIES": "/"}
+    out = []
+    for extra in ((), ("-R",)):
+        rc, text, err = git.run("apply", "--numstat", "-z", f"-p{strip}", *extra, "-", input=patch, env=env, check=False)
+        if rc != 0:
+            errors = [line for line in err.strip().splitlines() if line.strip()]  # the first says what
+            raise GitError(errors[0].removeprefix("error: ") if errors else f"git apply --numstat: exit {rc}")
+        out.append([entry.split("\t", 2)[2] for entry in text.split("\0") if entry])
+    written, read = out
+    return written, read[::-1]  # with -R git applies (and lists) the files last to first

@@ -20,6 +20,12 @@ different buffers) between two CUDA events, divided by --inner; ranks are aligne
 on a CPU barrier before each sample; a sample's time is that of the rank whose
 events show the least time (the last to arrive, which waited for no other).  The
 report gives the median and p90 over --samples samples, in microseconds.
+
+--stress N instead: every non-NCCL backend, N allreduces eager and N as CUDA-graph replays
+(groups of back-to-back ops), each result compared exactly with NCCL's allreduce of the same
+input; the first mismatch is named by iteration, rank and element; a step without progress
+for --stress-step-timeout s ends the run with a HANG line (exit 3).  --device cpu runs it
+under gloo on CPU tensors (the CPU tests).  See the "stress" section below.
 """
 
 from __future__ import annotations
@@ -80,6 +86,22 @@ def build_arg_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="JSON result (written by rank 0)")
     p.add_argument("--custom-ar-max-bytes", type=int, default=64 * 1024 * 1024,
                    help="max_size given to SGLang's CustomAllreduce (so every size is measured)")
+    s = p.add_argument_group("stress (--stress N replaces the latency run)")
+    s.add_argument("--stress", type=int, default=0, metavar="N",
+                   help="N allreduces per non-NCCL backend and mode, each compared exactly with NCCL")
+    s.add_argument("--stress-sizes", type=parse_sizes, default=STRESS_DEFAULT_SIZES,
+                   help="rows cycled through by the stress iterations (default: decode/verify sizes)")
+    s.add_argument("--stress-repeat", type=int, default=8,
+                   help="back-to-back ops of each size in a group (a group = every size, this many times)")
+    s.add_argument("--stress-batch", type=int, default=1024, help="iterations between host syncs")
+    s.add_argument("--stress-step-timeout", type=float, default=120.0,
+                   help="seconds without progress (set-up, capture or one batch) before a HANG exit 3")
+    s.add_argument("--stress-progress-s", type=float, default=10.0, help="seconds between progress lines")
+    s.add_argument("--stress-seed", type=int, default=1234)
+    s.add_argument("--selftest-fault", default="", metavar="ITER[:RANK[:ELEM]]",
+                   help="where selftest_wrong / selftest_hang misbehave (default: N/2 on the last rank)")
+    p.add_argument("--device", choices=["cuda", "cpu"], default="cuda",
+                   help="cpu: gloo on CPU tensors, stress only (the tests' mode; no CUDA graphs)")
     return p
 
 
@@ -192,6 +214,14 @@ class Backend:
     def capture_ctx(self):
         return contextlib.nullcontext()
 
+    def stress_op(self, x, it):
+        """Allreduce of `x` for the stress mode (capturable in a CUDA graph); `it` is the
+        iteration number as a 0-d device tensor.  Returns the output."""
+        raise Unavailable(f"{self.name} has no stress mode")
+
+    def before_iteration(self, i: int) -> None:
+        """Host hook run before stress iteration i (eager and graph alike)."""
+
     def check(self, outs) -> tuple[bool, float, str]:
         worst = 0.0
         for k, (o, ref) in enumerate(zip(outs, self.refs)):
@@ -224,6 +254,11 @@ class NcclBackend(Backend):
         self.dist.all_reduce(self.bufs[k])
         return self.bufs[k]
 
+    def stress_op(self, x, it):
+        y = x.clone()
+        self.dist.all_reduce(y)
+        return y
+
 
 class SymmMemBackend(Backend):
     """torch symmetric memory one-shot allreduce (P2P loads, no multicast); drop-in
@@ -234,6 +269,8 @@ class SymmMemBackend(Backend):
 
     def __init__(self, torch, dist, ctx):
         super().__init__(torch, dist, ctx)
+        if not ctx.is_cuda:
+            raise Unavailable("torch symmetric memory needs CUDA devices")
         try:
             import torch.distributed._symmetric_memory as symm_mem
         except Exception as e:  # noqa: BLE001
@@ -247,15 +284,26 @@ class SymmMemBackend(Backend):
     def prepare(self, rows, inner):
         super().prepare(rows, inner)
         if rows not in self.buffers:
-            t = self.torch
-            buf = self.symm_mem.empty((rows, self.ctx.hidden), dtype=t.bfloat16, device=self.ctx.device)
-            self.symm_mem.rendezvous(buf, self.group_name)
-            self.buffers[rows] = buf
+            self.prepare_buffer(rows)
         self.buf = self.buffers[rows]
 
     def op(self, k):
         self.buf.copy_(self.pristine[k])
         return self.torch.ops.symm_mem.one_shot_all_reduce(self.buf, "sum", self.group_name)
+
+    def stress_op(self, x, it):
+        rows = x.shape[0]
+        if rows not in self.buffers:  # first call is eager (warm-up), never under capture
+            self.prepare_buffer(rows)
+        buf = self.buffers[rows]
+        buf.copy_(x)
+        return self.torch.ops.symm_mem.one_shot_all_reduce(buf, "sum", self.group_name)
+
+    def prepare_buffer(self, rows):
+        t = self.torch
+        buf = self.symm_mem.empty((rows, self.ctx.hidden), dtype=t.bfloat16, device=self.ctx.device)
+        self.symm_mem.rendezvous(buf, self.group_name)
+        self.buffers[rows] = buf
 
 
 class CustomArBackend(Backend):
@@ -293,6 +341,12 @@ class CustomArBackend(Backend):
 
     def op(self, k):
         return self.ca.custom_all_reduce(self.pristine[k])
+
+    def stress_op(self, x, it):
+        out = self.ca.custom_all_reduce(x)
+        if out is None:
+            raise RuntimeError(f"CustomAllreduce declined a {tuple(x.shape)} input in the stress run")
+        return out
 
     def close(self):
         with contextlib.suppress(Exception):
@@ -368,7 +422,9 @@ class FlashinferFusedBackend(Backend):
 
 class SelftestWrongBackend(NcclBackend):
     """Fast and wrong on purpose (NCCL, then one element off by one): proves the checker
-    fails the tier.  Only for tests; never in a profile's backend list."""
+    fails the tier.  Only for tests; never in a profile's backend list.  In the stress
+    mode it is wrong once: at --selftest-fault ITER:RANK:ELEM (on the device, so also
+    inside a CUDA graph)."""
 
     name = "selftest_wrong"
 
@@ -377,9 +433,32 @@ class SelftestWrongBackend(NcclBackend):
         out[0, 0] += 1
         return out
 
+    def stress_op(self, x, it):
+        out = super().stress_op(x, it)
+        f = self.ctx.fault
+        if self.ctx.rank == f["rank"]:
+            flat = out.view(-1)
+            e = f["element"] % flat.numel()
+            flat[e:e + 1] += (it == f["iteration"]).to(out.dtype)
+        return out
+
+
+class SelftestHangBackend(NcclBackend):
+    """Hangs on purpose in the stress mode: rank RANK stops at iteration ITER of
+    --selftest-fault (a host-side stall, so its peers wait in the next collective).
+    Proves the per-step timeout.  Only for tests."""
+
+    name = "selftest_hang"
+
+    def before_iteration(self, i):
+        f = self.ctx.fault
+        if self.ctx.rank == f["rank"] and i == f["iteration"]:
+            while True:
+                time.sleep(3600)
+
 
 BACKEND_CLASSES = {c.name: c for c in (NcclBackend, SymmMemBackend, CustomArBackend, FlashinferFusedBackend,
-                                       SelftestWrongBackend)}
+                                       SelftestWrongBackend, SelftestHangBackend)}
 
 
 # --------------------------------------------------------------------------- measuring
@@ -468,6 +547,369 @@ def gather(ctx, obj):
     return out
 
 
+# --------------------------------------------------------------------------- stress
+#
+# --stress N: for each non-NCCL backend, N allreduces eager and N as CUDA-graph replays,
+# each compared exactly with NCCL's allreduce of the same input.  Iteration i takes the
+# size sizes[i % len(sizes)] and a fresh input drawn on the device (integers in
+# [-b, b] as bf16, b = min(8, 256 // world_size): every sum is exact in bf16 whatever
+# the order, so any difference is a wrong result).  The checks run on the device into
+# a ring of --stress-batch slots; the host reads the ring once per batch, and the ranks
+# agree over the CPU group after each batch (all stop at the first batch that shows a
+# mismatch on any rank).  A watchdog thread ends the process with a HANG line when a
+# step (setup, capture, or one batch) makes no progress for --stress-step-timeout s.
+
+STRESS_DEFAULT_SIZES = [1, 2, 3, 4, 8, 16]
+STRESS_SCHEMA = "sglpatch.kernel_bench.stress/1"
+EXIT_HANG = 3
+
+
+def value_bound(world_size: int) -> int:
+    """Largest |input| such that every partial sum over world_size ranks is an exact bf16
+    integer (bf16 holds integers up to 256 exactly)."""
+    return max(1, min(8, 256 // max(1, world_size)))
+
+
+def parse_fault(text: str, n_iter: int, world_size: int) -> dict:
+    """--selftest-fault ITER[:RANK[:ELEM]]; default: the middle iteration, the last rank, element 7."""
+    parts = [p for p in (text or "").split(":")]
+    it = int(parts[0]) if parts and parts[0] else n_iter // 2
+    rank = int(parts[1]) if len(parts) > 1 and parts[1] else world_size - 1
+    elem = int(parts[2]) if len(parts) > 2 and parts[2] else 7
+    return {"iteration": it, "rank": rank, "element": elem}
+
+
+class Watchdog:
+    """Ends the process (exit 3) with one HANG line when beat() is not called for timeout_s."""
+
+    def __init__(self, timeout_s: float, rank: int):
+        import threading
+
+        self.timeout_s, self.rank = timeout_s, rank
+        self.what, self.t = "start-up", time.monotonic()
+        if timeout_s and timeout_s > 0:
+            threading.Thread(target=self._watch, daemon=True, name="kernel_bench-watchdog").start()
+
+    def beat(self, what: str) -> None:
+        self.what, self.t = what, time.monotonic()
+
+    def _watch(self) -> None:
+        while True:
+            time.sleep(min(1.0, self.timeout_s / 4))
+            idle = time.monotonic() - self.t
+            if idle > self.timeout_s:
+                print(f"[kernel_bench] HANG rank {self.rank}: no progress for {idle:.0f} s "
+                      f"(step timeout {self.timeout_s:g} s) in {self.what}", flush=True)
+                sys.stderr.flush()
+                os._exit(EXIT_HANG)
+
+
+def group_plan(sizes: list[int], repeat: int) -> list[int]:
+    """Rows of the ops of one group: each size `repeat` times back to back (as decode runs
+    many allreduces of one size in a row), then the next size."""
+    return [n for n in sizes for _ in range(repeat)]
+
+
+class MismatchRing:
+    """Check results on the device for `groups` groups of len(plan) ops each: per op, the
+    number of elements that differ from the reference, the first one (index inside the op's
+    output) and both values there.  A group's outputs and references are compared in one
+    pass over their concatenation; nothing here syncs with the host except read()."""
+
+    def __init__(self, torch, groups: int, plan: list[int], hidden: int, device, dtype):
+        self.torch, self.plan, self.hidden = torch, plan, hidden
+        g = len(plan)
+        self.offsets = [0]
+        for n in plan:
+            self.offsets.append(self.offsets[-1] + n * hidden)
+        self.numel = self.offsets[-1]
+        self.seg = torch.repeat_interleave(torch.arange(g, device=device),
+                                           torch.tensor([n * hidden for n in plan], device=device))
+        self.pos = torch.arange(self.numel, device=device)
+        self.off = torch.tensor(self.offsets[:-1], dtype=torch.int64, device=device)
+        self.count = torch.zeros((groups, g), dtype=torch.int64, device=device)
+        self.first = torch.zeros((groups, g), dtype=torch.int64, device=device)
+        self.got = torch.zeros((groups, g), dtype=dtype, device=device)
+        self.want = torch.zeros((groups, g), dtype=dtype, device=device)
+
+    def record(self, slot: int, out_flat, ref_flat) -> None:
+        """Compare one group exactly (NaN counts as different)."""
+        t = self.torch
+        neq = out_flat.ne(ref_flat)
+        cnt, fst = self.count[slot], self.first[slot]
+        cnt.zero_()
+        cnt.index_add_(0, self.seg, neq.to(t.int64))
+        fst.fill_(self.numel)
+        fst.scatter_reduce_(0, self.seg, t.where(neq, self.pos, self.numel), "amin")
+        idx = fst.clamp(max=self.numel - 1)
+        t.index_select(out_flat, 0, idx, out=self.got[slot])
+        t.index_select(ref_flat, 0, idx, out=self.want[slot])
+        fst.sub_(self.off)
+
+    def read(self, n: int, start: int, rank: int) -> tuple[int, int, dict | None]:
+        """One host sync for n groups starting at iteration `start`: (iterations with a
+        difference, differing elements, the first difference)."""
+        g = len(self.plan)
+        counts = self.count[:n].reshape(-1).tolist()
+        bad = [k for k, c in enumerate(counts) if c]
+        if not bad:
+            return 0, 0, None
+        k = bad[0]
+        s, j = divmod(k, g)
+        local = int(self.first[s, j])
+        first = {"iteration": start + k, "rank": rank, "rows": self.plan[j], "hidden": self.hidden,
+                 "element": [local // self.hidden, local % self.hidden], "flat_index": local,
+                 "got": float(self.got[s, j]), "nccl": float(self.want[s, j]), "elements_wrong": counts[k]}
+        return len(bad), sum(counts), first
+
+
+def merge_stress_ranks(per_rank: list[dict]) -> dict:
+    """Combine the ranks' stress results of one backend and mode into one row."""
+    done = min(r["iterations_done"] for r in per_rank)
+    firsts = [r["first_mismatch"] for r in per_rank if r.get("first_mismatch")]
+    first = min(firsts, key=lambda f: (f["iteration"], f["rank"])) if firsts else None
+    by_rank = {str(i): r["mismatched_iterations"] for i, r in enumerate(per_rank) if r["mismatched_iterations"]}
+    return {
+        "iterations_done": done,
+        "mismatched_iterations": max((r["mismatched_iterations"] for r in per_rank), default=0),
+        "mismatched_elements": sum(r["mismatched_elements"] for r in per_rank),
+        "mismatch_ranks": by_rank,
+        "first_mismatch": first,
+        "stopped_early": any(r.get("stopped_early") for r in per_rank),
+        "group": per_rank[0].get("group"),
+        "elapsed_s": round(max(r["elapsed_s"] for r in per_rank), 1),
+        "status": "mismatch" if first else ("ok" if done == per_rank[0]["iterations_requested"] else "incomplete"),
+    }
+
+
+def describe_mismatch(backend: str, mode: str, f: dict) -> str:
+    r, c = f["element"]
+    return (f"{backend} {mode}: first mismatch at iteration {f['iteration']} on rank {f['rank']}, "
+            f"[{f['rows']},{f['hidden']}] element [{r},{c}]: got {f['got']:g}, NCCL {f['nccl']:g} "
+            f"({f['elements_wrong']} elements wrong in that iteration)")
+
+
+class CpuReplay:
+    """--device cpu (tests): stands in for a CUDA graph by re-running the captured group into
+    the same output tensors; the bookkeeping around it is the one the GPU run uses."""
+
+    def __init__(self, fn):
+        self.fn = fn
+        self.outs = fn()
+
+    def replay(self):
+        for o, new in zip(self.outs, self.fn()):
+            o.copy_(new)
+
+
+def stress_one(backend: Backend, ctx, mode: str, sizes: list[int], wd: Watchdog) -> dict:
+    """The stress run of one backend in one mode on this rank.  Iterations go in groups:
+    the group's ops run back to back (fresh inputs drawn on the device, then the backend's
+    allreduce; eager, or one CUDA graph of the whole group replayed), then NCCL reduces the
+    same inputs in one call and one pass compares all of them on the device."""
+    torch, dist, args = ctx.torch, ctx.dist, ctx.args
+    hidden = ctx.hidden
+    plan = group_plan(sizes, args.stress_repeat)
+    g = len(plan)
+    n_groups = -(-args.stress // g)  # N rounded up to whole groups
+    n_iter = n_groups * g
+    per_batch = max(1, args.stress_batch // g)
+    label = f"stress {backend.name}{args.name_suffix} {mode}"
+    torch.manual_seed(args.stress_seed * 1009 + ctx.rank)
+    b = value_bound(ctx.world_size)
+    its = torch.zeros(g, dtype=torch.int64, device=ctx.device)  # iteration number of each op
+    steps = torch.arange(g, dtype=torch.int64, device=ctx.device)
+    xs = [torch.zeros((n, hidden), dtype=torch.bfloat16, device=ctx.device) for n in plan]
+    ring = MismatchRing(torch, per_batch, plan, hidden, ctx.device, torch.bfloat16)
+    x_flat = torch.zeros(ring.numel, dtype=torch.bfloat16, device=ctx.device)
+    out_flat = torch.zeros_like(x_flat)
+
+    def group():  # the part under test
+        outs = []
+        for j, x in enumerate(xs):
+            x.random_(-b, b + 1)
+            outs.append(backend.stress_op(x, its[j]))
+        return outs
+
+    wd.beat(f"{label}: set-up")
+    if mode == "eager":
+        run_group = group
+    elif ctx.is_cuda:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                group()
+        torch.cuda.current_stream().wait_stream(side)
+        torch.cuda.synchronize()
+        wd.beat(f"{label}: CUDA-graph capture")
+        graph = torch.cuda.CUDAGraph()
+        with backend.capture_ctx():
+            with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+                static_outs = group()
+        torch.cuda.synchronize()
+
+        def run_group():
+            graph.replay()
+            return static_outs
+    else:
+        replay = CpuReplay(group)
+
+        def run_group():
+            replay.replay()
+            return replay.outs
+    dist.barrier(group=ctx.cpu_group)
+    res = {"iterations_requested": n_iter, "iterations_done": 0, "mismatched_iterations": 0,
+           "mismatched_elements": 0, "first_mismatch": None, "stopped_early": False, "group": g}
+    t0 = last = time.monotonic()
+    done = 0
+    while done < n_iter:
+        nb = min(per_batch, (n_iter - done) // g)
+        wd.beat(f"{label}: iterations {done}..{done + nb * g - 1}")
+        for s in range(nb):
+            start = done + s * g
+            for i in range(start, start + g):
+                backend.before_iteration(i)
+            torch.add(steps, start, out=its)
+            outs = run_group()
+            torch.cat([x.view(-1) for x in xs], out=x_flat)
+            torch.cat([o.reshape(-1) for o in outs], out=out_flat)
+            dist.all_reduce(x_flat)  # NCCL (gloo in --device cpu) on the same inputs: the reference
+            ring.record(s, out_flat, x_flat)
+        n_bad, n_el, first = ring.read(nb, done, ctx.rank)
+        done += nb * g
+        res["iterations_done"] = done
+        res["mismatched_iterations"] += n_bad
+        res["mismatched_elements"] += n_el
+        if first and res["first_mismatch"] is None:
+            res["first_mismatch"] = first
+        flag = torch.tensor([n_bad], dtype=torch.int64)
+        dist.all_reduce(flag, group=ctx.cpu_group)  # every rank stops at the same batch
+        now = time.monotonic()
+        if int(flag) > 0:
+            res["stopped_early"] = done < n_iter
+            break
+        if ctx.rank == 0 and (now - last >= args.stress_progress_s or done == n_iter):
+            last = now
+            print(f"[kernel_bench] {label}: {done}/{n_iter} iterations, 0 mismatches, "
+                  f"{now - t0:.0f} s, {done / max(now - t0, 1e-9):.0f} it/s", flush=True)
+    res["elapsed_s"] = round(time.monotonic() - t0, 2)
+    return res
+
+
+def run_stress(ctx, wanted: list[str], modes: list[str], log) -> dict:
+    """Every backend in `wanted` (NCCL is the reference, not stressed), every mode."""
+    torch, args = ctx.torch, ctx.args
+    wd = Watchdog(args.stress_step_timeout, ctx.rank)
+    rows_out: list[dict] = []
+    absent: dict[str, str] = {}
+    errors: dict[str, str] = {}
+    for bname in wanted:
+        label = bname + args.name_suffix
+        cls = BACKEND_CLASSES.get(bname)
+        if cls is None:
+            errors[label] = f"unknown backend {bname!r}; known: {sorted(BACKEND_CLASSES)}"
+            continue
+        if cls is NcclBackend or cls is FlashinferFusedBackend:
+            absent[label] = ("the reference, not stressed" if cls is NcclBackend else
+                             "not in the stress run (fused with RMSNorm; checked in the latency run)")
+            continue
+        wd.beat(f"stress {label}: backend set-up")
+        state, msg, backend = "ok", "", None
+        try:
+            backend = cls(ctx.torch, ctx.dist, ctx)
+        except Unavailable as e:
+            state, msg = "absent", str(e)
+        except Exception as e:  # noqa: BLE001
+            state, msg = "error", f"{type(e).__name__}: {e}"
+            traceback.print_exc()
+        states = gather(ctx, (state, msg))
+        bad = [s for s in states if s[0] != "ok"]
+        if bad:
+            kind = "error" if any(s[0] == "error" for s in bad) else "absent"
+            (errors if kind == "error" else absent)[label] = next(s[1] for s in bad if s[0] == kind)
+            log(f"stress {label}: {kind}: {(errors if kind == 'error' else absent)[label]}")
+            if backend is not None:
+                backend.close()
+            continue
+        reasons = gather(ctx, [backend.supports(n) if ctx.is_cuda else None for n in args.stress_sizes])
+        sizes = [n for k, n in enumerate(args.stress_sizes) if not any(r[k] for r in reasons)]
+        declined = [n for n in args.stress_sizes if n not in sizes]
+        if not sizes:
+            errors[label] = f"declined every stress size {args.stress_sizes}"
+            backend.close()
+            continue
+        for mode in modes:
+            log(f"stress {label} {mode}: {args.stress} iterations in groups of {len(sizes) * args.stress_repeat} "
+                f"back-to-back ops (rows {sizes} x {ctx.hidden} bf16, {args.stress_repeat} each), every result "
+                f"checked against NCCL")
+            try:
+                local = stress_one(backend, ctx, mode, sizes, wd)
+                local["exc"] = None
+            except Exception as e:  # noqa: BLE001
+                traceback.print_exc()
+                local = {"exc": f"{type(e).__name__}: {e}"}
+            allr = gather(ctx, local)
+            row = {"backend": label, "mode": mode, "sizes": sizes, "declined_sizes": declined,
+                   "hidden": ctx.hidden, "iterations_requested": args.stress,
+                   "graph_impl": ("cuda_graph" if ctx.is_cuda else "cpu_replay") if mode == "graph" else None}
+            excs = [a["exc"] for a in allr if a["exc"]]
+            if excs:
+                row.update(status="error", detail=excs[0], iterations_done=min(a.get("iterations_done", 0) for a in allr))
+            else:
+                row.update(merge_stress_ranks(allr))
+                done = row["iterations_done"]
+                row["it_per_s"] = round(done / row["elapsed_s"], 1) if row["elapsed_s"] else None
+            rows_out.append(row)
+            if row.get("first_mismatch"):
+                log("MISMATCH " + describe_mismatch(label, mode, row["first_mismatch"]))
+            log(f"stress {label} {mode}: {row['status']}: {row.get('iterations_done')}/{args.stress} iterations, "
+                f"{row.get('mismatched_iterations', '-')} mismatched, {row.get('elapsed_s', '-')} s")
+        backend.close()
+        del backend
+        if ctx.is_cuda:
+            torch.cuda.empty_cache()
+    wd.beat("stress: writing the result")
+    return {"stress": rows_out, "absent": absent, "errors": errors}
+
+
+def write_doc(path: str, doc: dict) -> None:
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(doc, f, indent=1)
+    os.replace(tmp, path)
+
+
+def run_stress_main(ctx, log) -> int:
+    torch, dist, args = ctx.torch, ctx.dist, ctx.args
+    t0 = time.time()
+    if ctx.is_cuda:
+        hw = hardware_info(torch, ctx.world_size) if ctx.rank == 0 else None
+        warm = torch.ones(16, device=ctx.device)
+        dist.all_reduce(warm)
+        torch.cuda.synchronize()
+    else:
+        hw = {"hostname": platform.node(), "python": platform.python_version(), "torch": torch.__version__,
+              "world_size": ctx.world_size, "gpu_name": "cpu (gloo test mode)", "nvlink": None}
+    modes = [m for m in args.modes.split(",") if m]
+    wanted = [b for b in args.backends.split(",") if b]
+    out = run_stress(ctx, wanted, modes, log)
+    if ctx.rank == 0:
+        doc = {"schema": STRESS_SCHEMA,
+               "date_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+               "argv": sys.argv, "name_suffix": args.name_suffix, "iterations": args.stress,
+               "sizes": args.stress_sizes, "hidden": args.hidden, "batch": args.stress_batch,
+               "step_timeout_s": args.stress_step_timeout, "value_bound": value_bound(ctx.world_size),
+               "reference": "nccl" if ctx.is_cuda else "gloo (cpu test mode)", "hardware": hw, **out,
+               "elapsed_s": round(time.time() - t0, 1)}
+        write_doc(args.out, doc)
+        log(f"wrote {args.out}")
+    dist.barrier(group=ctx.cpu_group)
+    dist.destroy_process_group()
+    return 0
+
+
 def run(args) -> int:
     import torch
     import torch.distributed as dist
@@ -475,12 +917,17 @@ def run(args) -> int:
     rank = int(os.environ["RANK"])
     world_size = int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ.get("LOCAL_RANK", rank))
-    torch.cuda.set_device(local_rank)
-    device = torch.device("cuda", local_rank)
-    try:
-        dist.init_process_group("nccl", device_id=device)
-    except TypeError:
-        dist.init_process_group("nccl")
+    is_cuda = args.device == "cuda"
+    if is_cuda:
+        torch.cuda.set_device(local_rank)
+        device = torch.device("cuda", local_rank)
+        try:
+            dist.init_process_group("nccl", device_id=device)
+        except TypeError:
+            dist.init_process_group("nccl")
+    else:
+        device = torch.device("cpu")
+        dist.init_process_group("gloo")
     cpu_group = dist.new_group(backend="gloo")
 
     ctx = Ctx()
@@ -488,10 +935,15 @@ def run(args) -> int:
     ctx.rank, ctx.world_size, ctx.device, ctx.cpu_group = rank, world_size, device, cpu_group
     ctx.hidden, ctx.sizes = args.hidden, args.sizes
     ctx.custom_ar_max_bytes = args.custom_ar_max_bytes
+    ctx.is_cuda = is_cuda
+    ctx.fault = parse_fault(args.selftest_fault, args.stress, world_size)
 
     def log(msg):
         if rank == 0:
             print(f"[kernel_bench] {msg}", flush=True)
+
+    if args.stress > 0:
+        return run_stress_main(ctx, log)
 
     t0 = time.time()
     hw = hardware_info(torch, world_size) if rank == 0 else None
@@ -594,11 +1046,7 @@ def run(args) -> int:
             "errors": errors,
             "elapsed_s": round(time.time() - t0, 1),
         }
-        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-        tmp = args.out + ".tmp"
-        with open(tmp, "w") as f:
-            json.dump(doc, f, indent=1)
-        os.replace(tmp, args.out)
+        write_doc(args.out, doc)
         log(f"wrote {args.out}")
     dist.barrier(group=cpu_group)
     dist.destroy_process_group()
@@ -606,7 +1054,12 @@ def run(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_arg_parser().parse_args(argv)
+    parser = build_arg_parser()
+    args = parser.parse_args(argv)
+    if args.device == "cpu" and args.stress <= 0:
+        parser.error("--device cpu runs only the stress mode (give --stress N)")
+    if args.stress_batch <= 0 or args.stress_repeat <= 0:
+        parser.error("--stress-batch and --stress-repeat must be positive")
     if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
         print("kernel_bench: run me under torchrun (RANK/WORLD_SIZE unset), e.g.\n"
               "  torchrun --standalone --nproc-per-node 2 -m sglpatch.kernel_bench --out kb.json",

@@ -24,6 +24,7 @@ import builtins
 import re
 from collections import Counter
 
+import unidiff
 from pyflakes import checker as _checker
 from pyflakes import messages as _m
 
@@ -60,11 +61,7 @@ def _key(m) -> tuple:
 
 def _added_lines(git: Git, base: str, merged: str, path: str) -> set[int]:
     out = git.run("diff", "--no-color", "-U0", "--no-ext-diff", base, merged, "--", path, strip=False)
-    lines: set[int] = set()
-    for h in re.finditer(r"^@@ -\d+(?:,\d+)? \+(\d+)(?:,(\d+))? @@", out, re.M):
-        start, count = int(h.group(1)), int(h.group(2) or "1")
-        lines.update(range(start, start + count))
-    return lines
+    return {ln.target_line_no for f in unidiff.PatchSet.from_string(out) for h in f for ln in h if ln.is_added}
 
 
 def _used_and_defined(tree: ast.AST, lines: set[int]) -> tuple[dict[str, tuple[int, str]], set[str]]:

@@ -62,7 +62,7 @@ from sglpatch.errors import SglpatchError, say
 from sglpatch.fsutil import crashpoint, exclusive, write_if_changed
 from sglpatch.gitcmd import FIXED_DATE, Git
 from sglpatch.lock import Lock, write_lock
-from sglpatch.series import PATCH_DIR, SERIES_NAME, Entry, PatchFile, parse_patch, read_series
+from sglpatch.series import PATCH_DIR, SERIES_NAME, Entry, PatchFile, hunks_by_path, parse_patch, read_series
 
 RESOLUTIONS_DIR = "resolutions"
 REPORTS_DIR = "rebase-reports"
@@ -225,7 +225,7 @@ def _conflict_regions(git: Git, tree: str, path: str) -> list[str]:
 def _failing_hunks(git: Git, head: str, patch: PatchFile, strip: int) -> list[str]:
     """Hunks of the patch whose old lines are nowhere in the new tree."""
     out = []
-    for path, hunks in stack._parse_hunks(patch, strip).items():
+    for path, hunks in hunks_by_path(patch, strip).items():
         text = _blob(git, head, path)
         if text is None:
             out.append(f"{path}: file is gone from the new upstream")

@@ -62,7 +62,11 @@ DEFAULTS: dict = {
                "backends": ["nccl", "symm_mem", "custom_ar", "flashinfer_fused"],
                "p2p_disabled_run": True, "required_backends": ["nccl"], "samples": 50, "inner": 10,
                "timeout_s": 420, "tolerance": 0.15, "abs_floor_us": 2.0, "baseline": None,
-               "env": {}},
+               "env": {}, "device": "cuda",
+               # --stress [N]: N iterations per backend and mode (N omitted: stress_iterations)
+               "stress_iterations": 10000, "stress_backends": ["custom_ar", "symm_mem"],
+               "stress_required": [], "stress_sizes": [1, 2, 3, 4, 8, 16], "stress_modes": ["eager", "graph"],
+               "stress_step_timeout_s": 120, "stress_timeout_s": 0},
     "server": None,
 }
 SERVER_DEFAULTS: dict = {
@@ -450,6 +454,114 @@ def kernel_launches(prof: dict, world_size: int, report_dir: Path, python: str) 
     return launches
 
 
+def stress_launch(prof: dict, world_size: int, report_dir: Path, python: str, iterations: int) -> dict:
+    """The --stress launch: kernel_bench --stress N over the profile's stress backends."""
+    k = prof["kernel"]
+    out = report_dir / "kernel-stress.json"
+    cmd = [python, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(world_size),
+           str(KERNEL_BENCH), "--stress", str(iterations), "--stress-sizes", ",".join(map(str, k["stress_sizes"])),
+           "--hidden", str(k["hidden"]), "--backends", ",".join(k["stress_backends"]),
+           "--modes", ",".join(k["stress_modes"]), "--stress-step-timeout", str(k["stress_step_timeout_s"]),
+           "--out", str(out)]
+    if k.get("device") == "cpu":
+        cmd += ["--device", "cpu"]
+    legs = max(1, len(k["stress_backends"]) * len(k["stress_modes"]))
+    # a backstop only: a hang is caught per step (worker watchdog, then the log-silence limit below)
+    total = float(k["stress_timeout_s"] or 900 + iterations * legs * 0.002)
+    return {"name": "stress", "env": {}, "out": out, "cmd": cmd, "timeout_s": total,
+            "stall_s": float(k["stress_step_timeout_s"]) + 60.0}
+
+
+HANG_LINE = re.compile(r"\[kernel_bench\] HANG .*")
+
+
+def run_watched_step(cmd: list[str], env: dict, log_path: Path, timeout_s: float, stall_s: float,
+                     cwd: str | None = None) -> dict:
+    """Like run_step, and also ends the tree when its log stays silent for stall_s seconds
+    (kernel_bench --stress prints progress every few seconds; silence means a hang)."""
+    t0 = time.monotonic()
+    mp = ManagedProcess(cmd, env, log_path, cwd=cwd)
+    why, size, quiet_since = None, -1, t0
+    while mp.poll() is None:
+        mp.snapshot()
+        now = time.monotonic()
+        with contextlib.suppress(OSError):
+            cur = Path(log_path).stat().st_size
+            if cur != size:
+                size, quiet_since = cur, now
+        if now - t0 > timeout_s:
+            why = f"ran past {timeout_s:.0f} s"
+        elif now - quiet_since > stall_s:
+            why = f"no output for {stall_s:.0f} s"
+        if why:
+            break
+        time.sleep(0.2)
+    survivors = mp.stop(grace_s=10)
+    return {"cmd": cmd, "rc": mp.popen.returncode, "timed_out": why is not None, "why": why,
+            "survivors": survivors, "wall_s": round(time.monotonic() - t0, 1), "log": str(log_path)}
+
+
+def stress_failures(doc: dict, required: list[str]) -> list[str]:
+    """Failure lines for a kernel_bench --stress result: a mismatch names iteration and rank."""
+    out = []
+    for r in doc.get("stress", []):
+        if r.get("first_mismatch"):
+            f, (row, col) = r["first_mismatch"], r["first_mismatch"]["element"]
+            out.append(f"STRESS MISMATCH {r['backend']} {r['mode']}: iteration {f['iteration']}, rank {f['rank']}, "
+                       f"[{f['rows']},{f['hidden']}] element [{row},{col}]: got {f['got']:g}, NCCL {f['nccl']:g} "
+                       f"({r.get('mismatched_iterations')} of {r.get('iterations_done')} iterations wrong "
+                       f"before the stop)")
+        elif r.get("status") == "error":
+            out.append(f"stress {r['backend']} {r['mode']} raised after {r.get('iterations_done', 0)} iterations: "
+                       f"{r.get('detail')}")
+        elif r.get("status") != "ok":
+            out.append(f"stress {r['backend']} {r['mode']}: {r.get('status')}, {r.get('iterations_done')} of "
+                       f"{r.get('iterations_requested')} iterations")
+    for b, msg in (doc.get("errors") or {}).items():
+        out.append(f"stress backend {b} failed to set up: {msg}")
+    ran = {r["backend"] for r in doc.get("stress", [])}
+    for b in required:
+        if b not in ran and b not in (doc.get("errors") or {}):
+            out.append(f"required stress backend {b} did not run: {(doc.get('absent') or {}).get(b, 'no result')}")
+    if not doc.get("stress") and not out:
+        out.append("stress: no backend besides NCCL could run, nothing was stressed: "
+                   f"{doc.get('absent') or {}}")
+    return out
+
+
+def run_stress_step(prof: dict, ws: int, report_dir: Path, python: str, env: dict, project: Path,
+                    iterations: int, tr: "TierResult") -> dict:
+    k = prof["kernel"]
+    L = stress_launch(prof, ws, report_dir, python, iterations)
+    with contextlib.suppress(FileNotFoundError):
+        L["out"].unlink()
+    lenv = dict(env, PYTHONUNBUFFERED="1")
+    res = run_watched_step(L["cmd"], lenv, report_dir / "kernel-stress.log", L["timeout_s"], L["stall_s"],
+                           cwd=str(project))
+    res["env_added"] = {}
+    hang = None
+    with contextlib.suppress(OSError):
+        hang = next((m.group(0) for m in HANG_LINE.finditer(Path(res["log"]).read_text(errors="replace"))), None)
+    st: dict = {"iterations": iterations, "launch": res, "step_timeout_s": k["stress_step_timeout_s"]}
+    if res["timed_out"]:
+        tr.fail(f"stress HUNG ({res['why']}; killed; log kernel-stress.log): {hang or tail(Path(res['log']), 1)}")
+    elif hang:
+        tr.fail(f"stress HUNG (per-step timeout {k['stress_step_timeout_s']} s; log kernel-stress.log): {hang}")
+    elif res["rc"] != 0 or not L["out"].exists():
+        tr.fail(f"stress launch exited {res['rc']} without a result (log kernel-stress.log): "
+                f"{tail(Path(res['log']), 1)}")
+    if res["survivors"]:
+        tr.fail(f"stress launch: processes {res['survivors']} survived the stop")
+    if L["out"].exists() and not res["timed_out"]:
+        doc = json.loads(L["out"].read_text())
+        st.update({key: doc.get(key) for key in ("stress", "absent", "errors", "hardware", "reference", "sizes",
+                                                 "value_bound", "elapsed_s")})
+        for f in stress_failures(doc, list(k.get("stress_required", []))):
+            tr.fail(f)
+    st["hang"] = hang
+    return st
+
+
 def find_crossover(rows: list[dict], mode: str, hidden: int) -> dict | None:
     """Where the custom allreduce (or symm-mem one-shot as its stand-in) stops beating NCCL."""
     ok = [r for r in rows if r.get("status") == "ok" and r["mode"] == mode]
@@ -503,28 +615,39 @@ def compare_kernel_baseline(rows: list[dict], base_doc: dict, hw: dict, tol: flo
 
 
 def tier_kernel(prof: dict, project: Path, report_dir: Path, base_env: dict,
-                baseline: Path | None = None) -> TierResult:
+                baseline: Path | None = None, stress: int | None = None) -> TierResult:
+    """Latency + correctness launches; with `stress` (iterations, -1 = the profile's
+    stress_iterations) also the stress launch.  `[kernel] device = "cpu"` (tests only) runs
+    just the stress launch on CPU under gloo."""
     tr = TierResult("kernel")
     k = prof["kernel"]
     python = _expand(k["python"] or sys.executable)
     env = dict(base_env)
     env.update({kk: str(v) for kk, v in k.get("env", {}).items()})
-    ngpu, how = count_gpus(python, env)
-    ws = int(k["world_size"] or ngpu)
-    if ngpu < 2 or ws < 2:
-        tr.status = "cannot_run"
-        tr.summary = f"needs >= 2 CUDA GPUs, found {ngpu} ({how})"
-        return tr
-    if ws > ngpu:
-        tr.status = "cannot_run"
-        tr.summary = f"profile wants world size {ws}, only {ngpu} GPUs visible"
-        return tr
+    if stress is not None and stress < 0:
+        stress = int(k["stress_iterations"])
+    cpu_test = k.get("device") == "cpu"
+    if cpu_test:
+        if not stress:
+            raise _usage('[kernel] device = "cpu" runs only the stress launch: give --stress')
+        ngpu, ws = 0, int(k["world_size"] or 2)
+    else:
+        ngpu, how = count_gpus(python, env)
+        ws = int(k["world_size"] or ngpu)
+        if ngpu < 2 or ws < 2:
+            tr.status = "cannot_run"
+            tr.summary = f"needs >= 2 CUDA GPUs, found {ngpu} ({how})"
+            return tr
+        if ws > ngpu:
+            tr.status = "cannot_run"
+            tr.summary = f"profile wants world size {ws}, only {ngpu} GPUs visible"
+            return tr
     merged: list[dict] = []
     absent: dict[str, str] = {}
     errors: dict[str, str] = {}
     hw: dict = {}
     launches_out = []
-    for L in kernel_launches(prof, ws, report_dir, python):
+    for L in ([] if cpu_test else kernel_launches(prof, ws, report_dir, python)):
         lenv = dict(env)
         lenv.update(L["env"])
         lenv.setdefault("PYTHONUNBUFFERED", "1")
@@ -551,12 +674,12 @@ def tier_kernel(prof: dict, project: Path, report_dir: Path, base_env: dict,
         errors.update(doc.get("errors", {}))
     tr.data.update({"hardware": hw, "results": merged, "absent": absent, "errors": errors,
                     "launches": launches_out, "hidden": k["hidden"], "sizes": k["sizes"],
-                    "world_size": ws})
+                    "world_size": ws, "latency_run": not cpu_test})
     required = set(k.get("required_backends", []))
     for b, msg in errors.items():
         if b in required or b.split("_p2p_off")[0] in ("nccl", "symm_mem", "custom_ar"):
             tr.fail(f"backend {b} failed to set up: {msg}")
-    for b in required:
+    for b in ([] if cpu_test else required):
         present = {r["backend"] for r in merged}
         if b not in present and b not in errors:
             tr.fail(f"required backend {b} did not run: {absent.get(b, 'no result')}")
@@ -565,6 +688,10 @@ def tier_kernel(prof: dict, project: Path, report_dir: Path, base_env: dict,
             tr.fail(f"WRONG RESULT {r['backend']} {r['mode']} [{r['rows']},{r['hidden']}]: {r.get('detail')}")
         elif r["status"] == "error":
             tr.fail(f"{r['backend']} {r['mode']} [{r['rows']},{r['hidden']}] raised: {r.get('detail')}")
+    if stress:
+        tr.data["stress"] = run_stress_step(prof, ws, report_dir, python, env, project, stress, tr)
+        hw = hw or tr.data["stress"].get("hardware") or {}
+        tr.data["hardware"] = hw
     tr.data["crossover"] = {m: find_crossover(merged, m, k["hidden"]) for m in ("graph", "eager")}
     base_path = baseline or (project / k["baseline"] if k.get("baseline") else None)
     if base_path and Path(base_path).is_file():
@@ -586,6 +713,12 @@ def tier_kernel(prof: dict, project: Path, report_dir: Path, base_env: dict,
     ok = sum(1 for r in merged if r["status"] == "ok")
     tr.summary = (f"{ok} measurements ok on {ws}x {hw.get('gpu_name', '?')}; "
                   f"{len(tr.failures)} failures; absent: {', '.join(sorted(absent)) or 'none'}")
+    if cpu_test:
+        tr.summary = f"cpu test mode, {ws} ranks (gloo), no latency launches; {len(tr.failures)} failures"
+    if stress:
+        rows = tr.data["stress"].get("stress") or []
+        tr.summary += (f"; stress {stress} x {len(rows)} backend/mode: "
+                       + (", ".join(f"{r['backend']} {r['mode']} {r.get('status')}" for r in rows) or "none ran"))
     tr.md = kernel_markdown(tr.data, prof)
     return tr
 
@@ -604,11 +737,17 @@ def kernel_markdown(d: dict, prof: dict) -> list[str]:
     if tgt.get("gpu_name") and hw.get("gpu_name") and tgt["gpu_name"] != hw.get("gpu_name"):
         md += [f"> These numbers are from {hw.get('gpu_name')}, not from the profile's target "
                f"({tgt['gpu_name']}); do not read them as target numbers.", ""]
+    if d.get("latency_run") is False:
+        md += ['Latency launches not run (`[kernel] device = "cpu"`: the stress test mode on CPU, gloo).', ""]
+        if d.get("stress"):
+            md += stress_markdown(d["stress"])
+        return md
     env = {k: v for k, v in (hw.get("env") or {}).items() if k.startswith("NCCL_")}
     md += [f"NCCL env of the main launch: `{env or '{}'}`; the `_p2p_off` rows add `NCCL_P2P_DISABLE=1` "
            f"(separate launch).", "",
            f"Latency per allreduce, median / p90 in us (one sample = {prof['kernel']['inner']} ops back to back; "
-           "slowest rank; every output checked against an exact integer reference).", ""]
+           "a sample's time is the last-arriving rank's, i.e. the least over the ranks: that rank waited for "
+           "nobody at the collective; every output checked against an exact integer reference).", ""]
     backends = []
     for r in d.get("results", []):
         if r["backend"] not in backends:
@@ -655,10 +794,41 @@ def kernel_markdown(d: dict, prof: dict) -> list[str]:
         md += ["### Backends that failed to set up", ""] + [f"- {b}: {why}" for b, why in sorted(d["errors"].items())] + [""]
     if d.get("baseline"):
         md += ["### Baseline", "", f"- {d['baseline']}", ""]
+    if d.get("stress"):
+        md += stress_markdown(d["stress"])
     md.append(f"Plot: `{d['plot']}`" if d.get("plot") else f"Plot: {d.get('plot_note')}")
     md += ["", "Launches:"] + [f"- `{' '.join(shlex.quote(c) for c in L['cmd'])}` env+{L['env_added']} "
                                f"rc={L['rc']} timed_out={L['timed_out']} {L['wall_s']} s"
                                for L in d.get("launches", [])]
+    return md
+
+
+def stress_markdown(st: dict) -> list[str]:
+    rows = st.get("stress") or []
+    md = ["### Stress: every result compared exactly with NCCL", "",
+          f"{st.get('iterations')} iterations per backend and mode (rounded up to whole groups), in groups of "
+          f"back-to-back ops over rows {st.get('sizes')}; fresh integer inputs in "
+          f"[-{st.get('value_bound')}, {st.get('value_bound')}] every iteration, so every sum is exact; each "
+          f"result compared exactly with {st.get('reference')} on the same input; per-step timeout "
+          f"{st.get('step_timeout_s')} s.", "",
+          "| backend | mode | iterations done | mismatched iterations | first mismatch | elapsed s | it/s |",
+          "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        f = r.get("first_mismatch")
+        first = (f"iteration {f['iteration']}, rank {f['rank']}, [{f['rows']},{f['hidden']}] element "
+                 f"{f['element']}: got {f['got']:g}, NCCL {f['nccl']:g}") if f else "—"
+        status = "" if r.get("status") == "ok" else f" **{str(r.get('status')).upper()}**"
+        md.append(f"| {r['backend']} | {r['mode']}{' (' + r['graph_impl'] + ')' if r.get('graph_impl') else ''} | "
+                  f"{r.get('iterations_done')} / {r.get('iterations_requested')}{status} | "
+                  f"{r.get('mismatched_iterations', '—')} | {first} | {r.get('elapsed_s', '—')} | {r.get('it_per_s', '—')} |")
+    if st.get("hang"):
+        md += ["", f"**Hang:** `{st['hang']}`"]
+    absent = {b: w for b, w in (st.get("absent") or {}).items() if b != "nccl"}
+    if absent:
+        md += [""] + [f"- not stressed: {b}: {why}" for b, why in sorted(absent.items())]
+    L = st.get("launch") or {}
+    md += ["", f"Stress launch: `{shlex.join(L.get('cmd', []))}` rc={L.get('rc')} "
+               f"timed_out={L.get('timed_out')} {L.get('wall_s')} s (log `kernel-stress.log`)", ""]
     return md
 
 
@@ -986,7 +1156,8 @@ def tier_server(prof: dict, project: Path, report_dir: Path, base_env: dict) -> 
 
 
 def run_regress(tier: str = "all", profile: str | None = None, report: str | None = None,
-                project: str | None = None, baseline: str | None = None, argv: list[str] | None = None) -> dict:
+                project: str | None = None, baseline: str | None = None, argv: list[str] | None = None,
+                stress: int | None = None) -> dict:
     if tier not in (*TIERS, "all"):
         raise _usage(f"unknown tier {tier!r}; choose cpu, kernel, server or all")
     proj = Path(project).resolve() if project else find_project_root()
@@ -1008,7 +1179,8 @@ def run_regress(tier: str = "all", profile: str | None = None, report: str | Non
         if t == "cpu":
             results.append(tier_cpu(prof, proj, report_dir, base_env))
         elif t == "kernel":
-            results.append(tier_kernel(prof, proj, report_dir, base_env, Path(baseline) if baseline else None))
+            results.append(tier_kernel(prof, proj, report_dir, base_env, Path(baseline) if baseline else None,
+                                       stress=stress))
         else:
             results.append(tier_server(prof, proj, report_dir, base_env))
     if any(r.status == "fail" for r in results):
@@ -1043,9 +1215,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tier", default="all")
     for flag in ("--profile", "--report", "--baseline", "--project"):
         p.add_argument(flag)
+    p.add_argument("--stress", type=int, nargs="?", const=-1, default=None, metavar="N")
     a = p.parse_args(args)
     try:
-        res = run_regress(a.tier, a.profile, a.report, a.project, a.baseline, ["python", "-m", "sglpatch.regress", *args])
+        res = run_regress(a.tier, a.profile, a.report, a.project, a.baseline, ["python", "-m", "sglpatch.regress", *args],
+                          stress=a.stress)
     except SglpatchError as e:
         print(f"sglpatch: error: {e}", file=sys.stderr)
         return e.exit_code

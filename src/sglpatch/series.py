@@ -21,7 +21,10 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import unidiff
+
 from sglpatch.errors import SglpatchError
+from sglpatch.gitcmd import GitError, patch_paths
 from sglpatch.lock import safe_relpath
 
 SERIES_NAME = "series"
@@ -134,23 +137,32 @@ def read_series(project: Path) -> Series:
 
 
 @dataclass
+class Hunk:
+    old_start: int  # 1-based line in the old file where old_lines must sit
+    old_lines: list[str]  # context and removed lines, without their newline
+    header: str  # "@@ -a,b +c,d @@"
+
+
+@dataclass
+class FileDiff:
+    old: str | None  # repository-relative path before the patch; None for a created file
+    new: str | None  # path after the patch; None for a deleted file
+    hunks: list[Hunk]
+
+
+@dataclass
 class PatchFile:
     name: str
     data: bytes
     subject: str
     dep3: dict[str, str]
     files: list[str]  # paths touched (old and new sides), repository-relative
+    diffs: list[FileDiff] = field(default_factory=list)
+    strip: int = 1
 
     @property
     def description(self) -> str:
         return self.dep3.get("Description", "")
-
-
-def _unquote_git_path(p: str) -> str:
-    if p.startswith('"') and p.endswith('"'):
-        inner = p[1:-1]
-        return bytes(inner, "utf-8").decode("unicode_escape").encode("latin-1").decode("utf-8", "replace")
-    return p
 
 
 def parse_patch(name: str, data: bytes, strip: int = 1) -> PatchFile:
@@ -205,8 +217,13 @@ def parse_patch(name: str, data: bytes, strip: int = 1) -> PatchFile:
     dep3 = parse_dep3(body)
     if not subject:
         subject = dep3.get("Description", "").split("\n", 1)[0] or dep3.get("Subject", "")
-    files = _touched_paths(name, lines[diff_start:], strip)
-    return PatchFile(name=name, data=data, subject=subject, dep3=dep3, files=files)
+    diffs = parse_diff(name, data, "\n".join(lines[diff_start:]), strip)
+    files: list[str] = []
+    for d in diffs:
+        files += [p for p in (d.old, d.new) if p is not None and p not in files]
+    if not files:
+        raise SeriesError(f"patch {name} touches no files")
+    return PatchFile(name=name, data=data, subject=subject, dep3=dep3, files=files, diffs=diffs, strip=strip)
 
 
 def parse_dep3(lines: list[str]) -> dict[str, str]:
@@ -224,41 +241,47 @@ def parse_dep3(lines: list[str]) -> dict[str, str]:
     return fields
 
 
-def _touched_paths(name: str, diff_lines: list[str], strip: int) -> list[str]:
-    paths: list[str] = []
-
-    def keep(p: str) -> None:
+def parse_diff(name: str, data: bytes, diff_text: str, strip: int) -> list[FileDiff]:
+    """The one place a patch's diff is read: paths as git apply reads them (it is what writes
+    them: quoting, renames and copies exactly as applied), hunks from unidiff; every path is
+    checked to stay inside the tree. Errors name the patch."""
+    try:
+        written, read = patch_paths(data, strip)
+    except GitError as e:
+        raise SeriesError(f"patch {name} does not apply: git cannot read it ({e})") from None
+    for p in written + read:
         try:
             safe_relpath(p, "path")
         except SglpatchError as e:
             raise SeriesError(f"patch {name}: {e}") from None
-        if p not in paths:
-            paths.append(p)
+    try:
+        files = unidiff.PatchSet.from_string(diff_text)
+    except unidiff.UnidiffParseError as e:
+        raise SeriesError(f"patch {name}: malformed diff ({e})") from None
+    if len(files) != len(written):
+        raise SeriesError(f"patch {name}: malformed diff (git reads {len(written)} file(s) in it, unidiff {len(files)})")
+    diffs = []
+    for f, new, old in zip(files, written, read):
+        hunks = [
+            Hunk(
+                old_start=h.source_start if h.source_length else h.source_start + 1,
+                old_lines=[ln.value[:-1] if ln.value.endswith("\n") else ln.value for ln in h.source_lines()],
+                header=f"@@ -{h.source_start},{h.source_length} +{h.target_start},{h.target_length} @@",
+            )
+            for h in f
+        ]
+        diffs.append(FileDiff(old=None if f.is_added_file else old, new=None if f.is_removed_file else new, hunks=hunks))
+    return diffs
 
-    def add_prefixed(raw: str) -> None:  # a diff header path: strip the -p prefix first
-        raw = _unquote_git_path(raw.split("\t")[0])
-        if raw == "/dev/null":
-            return
-        if strip == 1:
-            if "/" not in raw:
-                raise SeriesError(f"patch {name}: path {raw!r} has no a/ b/ prefix; is the -p level right?")
-            keep(raw.split("/", 1)[1])
-        else:
-            keep(raw)
 
-    for line in diff_lines:
-        if line.startswith(("--- ", "+++ ")):
-            add_prefixed(line[4:])
-        elif line.startswith(("rename from ", "copy from ", "rename to ", "copy to ")):
-            keep(_unquote_git_path(line.split(" ", 2)[2]))
-        elif line.startswith("diff --git "):
-            m = re.match(r'^diff --git ("?a/.*"?) ("?b/.*"?)$', line)
-            if m:
-                for part in m.groups():
-                    add_prefixed(part)
-    if not paths:
-        raise SeriesError(f"patch {name} touches no files")
-    return paths
+def hunks_by_path(patch: PatchFile, strip: int | None = None) -> dict[str, list[Hunk]]:
+    """old path -> hunks, for the files that exist before the patch."""
+    diffs = patch.diffs if strip in (None, patch.strip) else parse_patch(patch.name, patch.data, strip).diffs
+    result: dict[str, list[Hunk]] = {}
+    for d in diffs:
+        if d.old is not None:
+            result.setdefault(d.old, []).extend(d.hunks)
+    return result
 
 
 def read_patch(project: Path, entry: Entry) -> PatchFile:

@@ -15,7 +15,6 @@ Safety rules (never lose anything of the user's):
 from __future__ import annotations
 
 import hashlib
-import re
 import shutil
 import tempfile
 import time
@@ -34,6 +33,7 @@ from sglpatch.series import (
     Entry,
     PatchFile,
     Series,
+    hunks_by_path,
     parse_patch,
     read_patch,
     read_series,
@@ -165,62 +165,9 @@ def _record(git: Git, digest: str, head: str) -> None:
 # applying one patch exactly
 
 
-@dataclass
-class Hunk:
-    old_start: int
-    old_lines: list[str]
-    header: str
-
-
-def _parse_hunks(patch: PatchFile, strip: int) -> dict[str, list[Hunk]]:
-    """old path -> hunks, for text diffs of files that exist before the patch."""
-    text = patch.data.decode("utf-8")
-    result: dict[str, list[Hunk]] = {}
-    current_old: str | None = None
-    lines = text.split("\n")
-    i = 0
-    while i < len(lines):
-        line = lines[i]
-        if line.startswith("--- ") and i + 1 < len(lines) and lines[i + 1].startswith("+++ "):
-            raw = line[4:].split("\t")[0]
-            if raw == "/dev/null":
-                current_old = None
-            else:
-                raw = raw.strip('"')
-                current_old = raw.split("/", 1)[1] if strip == 1 else raw
-                result.setdefault(current_old, [])
-            i += 2
-            continue
-        m = re.match(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@", line)
-        if m and current_old is not None:
-            old_count = int(m.group(2)) if m.group(2) is not None else 1
-            new_count = int(m.group(4)) if m.group(4) is not None else 1
-            old: list[str] = []
-            seen_old = seen_new = 0
-            j = i + 1
-            while j < len(lines) and (seen_old < old_count or seen_new < new_count):
-                body = lines[j]
-                if body.startswith("\\"):
-                    j += 1
-                    continue
-                tag, content = (body[:1], body[1:]) if body else (" ", "")
-                if tag in (" ", "-"):
-                    old.append(content)
-                    seen_old += 1
-                if tag in (" ", "+"):
-                    seen_new += 1
-                j += 1
-            start = int(m.group(1))
-            result[current_old].append(Hunk(old_start=start if old_count else start + 1, old_lines=old, header=line))
-            i = j
-            continue
-        i += 1
-    return result
-
-
 def check_exact(git: Git, base: str, patch: PatchFile, strip: int) -> None:
     """Every hunk's old lines must sit exactly where the hunk says: no offset, no fuzz."""
-    for path, hunks in _parse_hunks(patch, strip).items():
+    for path, hunks in hunks_by_path(patch, strip).items():
         rc, content, _ = git.run("cat-file", "blob", f"{base}:{path}", check=False, strip=False)
         if rc != 0:
             raise ApplyError(
@@ -382,21 +329,26 @@ def apply(
                 git.run("checkout", "-q", PATCHED_BRANCH)
             return ApplyResult(False, old_head, base, f"{PATCHED_BRANCH} is up to date ({len(project.patches)} patches)")
         t0 = time.monotonic()
-        chain = build_chain(git, project, base)
+        unexported = bool(old_head) and old_head != rec_head
+        # over commits that may be unexported work, build quietly first: a refusal must not
+        # come after progress lines that look like a rebuild
+        chain = build_chain(git, project, base, progress=not unexported)
         new_head = chain[-1] if chain else base
         if old_head == new_head:
             _record(git, digest, new_head)
             if git.current_branch() != PATCHED_BRANCH:
                 git.run("checkout", "-q", PATCHED_BRANCH)
             return ApplyResult(False, new_head, base, f"{PATCHED_BRANCH} is up to date ({len(project.patches)} patches)")
-        if old_head and old_head != rec_head:
+        if unexported:
             extra = _describe_unexported(git, old_head)
             if not force:
                 raise ApplyError(
-                    f"{PATCHED_BRANCH} in {git.workdir} has work that is not in the series ({extra}); "
+                    f"{PATCHED_BRANCH} in {git.workdir} has work that is not in the series ({extra}); nothing was changed; "
                     "run `sglpatch export` to save it into patches/, or re-run with --force to rebuild "
                     f"(the old branch is kept under {BACKUP_PREFIX}/)"
                 )
+            for k, (entry, patch) in enumerate(zip(project.series.entries, project.patches), 1):
+                say(f"[{k}/{len(chain)}] {entry.name}: {patch.subject}")
         if old_head:
             backup = f"{BACKUP_PREFIX}/{time.strftime('%Y%m%d-%H%M%S')}-{old_head[:12]}"
             git.update_ref(backup, old_head, message="sglpatch apply: previous patched")
