@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT
-from sglpatch import artifacts, rebase, stack, watch
+from sglpatch import artifacts, rebase, stack, treecache
 from sglpatch.gitcmd import Git
 from sglpatch.lock import read_lock
 
@@ -22,9 +22,9 @@ CAR = "python/sglang/srt/distributed/device_communicators/custom_all_reduce.py"
 
 @pytest.fixture(scope="session")
 def base_0510(tmp_path_factory):
-    cg = watch.cache_repo()
+    cg = treecache.cache_repo()
     art, path = artifacts.fetch("sglang", "0.5.10.post1", "sdist")
-    base = watch.tree_commit(cg, "sdist", path, art.sha256)
+    base = treecache.tree_commit(cg, "sdist", path, art.sha256)
     repo = tmp_path_factory.mktemp("mc") / "repo"
     repo.mkdir()
     g = Git(repo)

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT, copy_project, sglpatch
-from sglpatch import artifacts, rebase, series, supersede, watch
+from sglpatch import artifacts, rebase, series, supersede, treecache, watch
 from sglpatch import upstream as up
 from sglpatch.gitcmd import Git
 from sglpatch.lock import UNKNOWN_COMMIT, Lock
@@ -28,11 +28,11 @@ PCIE_IPC = "python/sglang/srt/distributed/device_communicators/pcie_ipc_ar.py"
 @pytest.fixture(scope="session")
 def trees():
     """version -> (git of the cache repo, tree commit, artifact path)."""
-    cg = watch.cache_repo()
+    cg = treecache.cache_repo()
     out = {}
     for v, kind in (("0.5.10.post1", "sdist"), (WHEEL, "wheel"), (NEWEST, "wheel")):
         art, path = artifacts.fetch("sglang", v, kind)
-        out[v] = (cg, watch.tree_commit(cg, kind, path, art.sha256), path)
+        out[v] = (cg, treecache.tree_commit(cg, kind, path, art.sha256), path)
     return out
 
 

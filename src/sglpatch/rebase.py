@@ -56,7 +56,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-from sglpatch import mergecheck, stack
+from sglpatch import mergecheck, stack, treecache
 from sglpatch import upstream as up
 from sglpatch.errors import SglpatchError, say
 from sglpatch.fsutil import crashpoint, exclusive, write_if_changed
@@ -242,54 +242,63 @@ def _failing_hunks(git: Git, head: str, patch: PatchFile, strip: int) -> list[st
 # "same behaviour": normalized AST, or the same trace against recording stand-ins
 
 
-class _Norm(ast.NodeTransformer):
-    """Drop docstrings, annotations and string literals (messages), keep the logic."""
-
-    def _body(self, node):
-        body = node.body
-        if body and isinstance(body[0], ast.Expr) and isinstance(getattr(body[0], "value", None), ast.Constant):
-            if isinstance(body[0].value.value, str):
-                body = body[1:] or [ast.Pass()]
-        node.body = body
-        return node
-
-    def visit_FunctionDef(self, node):
-        node = self._body(node)
-        node.returns = None
-        node.type_comment = None
-        self.generic_visit(node)
-        return node
-
-    visit_AsyncFunctionDef = visit_FunctionDef
-
-    def visit_ClassDef(self, node):
-        node = self._body(node)
-        self.generic_visit(node)
-        return node
-
-    def visit_arg(self, node):
-        node.annotation = None
-        node.type_comment = None
-        return node
-
-    def visit_AnnAssign(self, node):
-        self.generic_visit(node)
-        node.annotation = ast.Constant(value=None)
-        return node
-
-    def visit_Constant(self, node):
-        if isinstance(node.value, str):
-            return ast.Constant(value="")
-        return node
-
-    def visit_JoinedStr(self, node):
-        return ast.Constant(value="")
+def _doc_stripped(body: list) -> list:
+    """A body without its docstring (a lone docstring becomes `pass`)."""
+    if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str):
+        return body[1:] or [ast.Pass()]
+    return body
 
 
-def _norm_dump(node: ast.AST) -> str:
-    import copy
+def _emit(x, out: list, bodies: dict) -> None:
+    """The normalized dump: docstrings, annotations and string literals (messages) dropped,
+    the logic kept; bodies: id(node) -> the body to use instead (shells, remainders). Reads
+    the tree without copying or changing it."""
+    if isinstance(x, list):
+        out.append("[")
+        for y in x:
+            _emit(y, out, bodies)
+            out.append(",")
+        out.append("]")
+        return
+    if not isinstance(x, ast.AST):
+        out.append(repr(x))
+        return
+    if isinstance(x, ast.JoinedStr) or isinstance(x, ast.Constant) and isinstance(x.value, str):
+        out.append("Constant('')")
+        return
+    if isinstance(x, ast.Constant):
+        out.append(f"Constant({x.value!r})")
+        return
+    out.append(type(x).__name__ + "(")
+    fn = isinstance(x, (ast.FunctionDef, ast.AsyncFunctionDef))
+    for f in x._fields:
+        v = getattr(x, f, None)
+        if f == "body" and isinstance(x, (ast.Module, ast.ClassDef)):
+            v = bodies.get(id(x), v)
+        if f == "body" and (fn or isinstance(x, ast.ClassDef)):
+            v = _doc_stripped(v)
+        elif (fn and f in ("returns", "type_comment")) or (isinstance(x, ast.arg) and f in ("annotation", "type_comment")):
+            v = None
+        elif isinstance(x, ast.AnnAssign) and f == "annotation":
+            out.append("annotation=Constant(None),")
+            continue
+        out.append(f + "=")
+        _emit(v, out, bodies)
+        out.append(",")
+    out.append(")")
 
-    return ast.dump(_Norm().visit(copy.deepcopy(node)), annotate_fields=True, include_attributes=False)
+
+def _norm_dump(node: ast.AST, bodies: dict | None = None) -> str:
+    out: list[str] = []
+    _emit(node, out, bodies or {})
+    return "".join(out)
+
+
+@functools.lru_cache(maxsize=64)
+def _parse(text: str) -> ast.Module:
+    """Parsed once per text in a run (the same upstream file is read for several patches);
+    callers must not change the tree."""
+    return ast.parse(text)
 
 
 _DEF = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
@@ -312,22 +321,17 @@ def _defs(tree: ast.Module) -> dict[str, ast.AST]:
 
 
 def _class_shell(node: ast.ClassDef) -> str:
-    import copy
-
-    c = copy.deepcopy(node)
-    c.body = [n for n in c.body if not isinstance(n, _DEF)] or [ast.Pass()]
-    return _norm_dump(c)
+    return _norm_dump(node, {id(node): [n for n in node.body if not isinstance(n, _DEF)] or [ast.Pass()]})
 
 
+@functools.lru_cache(maxsize=8192)
 def _fingerprint(node: ast.AST) -> str:
     return _class_shell(node) if isinstance(node, ast.ClassDef) else _norm_dump(node)
 
 
 def _remainder(tree: ast.Module, drop: set[str]) -> str:
     """The module without the defs in drop, without imports: what is left to compare."""
-    import copy
-
-    t = copy.deepcopy(tree)
+    bodies: dict[int, list] = {}
 
     def strip(body, prefix):
         out = []
@@ -336,17 +340,15 @@ def _remainder(tree: ast.Module, drop: set[str]) -> str:
                 continue
             if isinstance(node, _DEF):
                 q = f"{prefix}{node.name}"
-                if q in drop and not isinstance(node, ast.ClassDef):
+                if q in drop:
                     continue
                 if isinstance(node, ast.ClassDef):
-                    if q in drop:
-                        continue
-                    node.body = strip(node.body, q + ".") or [ast.Pass()]
+                    bodies[id(node)] = strip(node.body, q + ".") or [ast.Pass()]
             out.append(node)
         return out
 
-    t.body = strip(t.body, "")
-    return _norm_dump(t)
+    bodies[id(tree)] = strip(tree.body, "")
+    return _norm_dump(tree, bodies)
 
 
 class _Trace:
@@ -448,13 +450,14 @@ def _compile_methods(cls: ast.ClassDef | None, funcs: list[ast.AST], g: _Globals
     nodes = [n for n in (cls.body if cls else funcs) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
     out = {}
     for n in nodes:
-        n = copy.deepcopy(n)
         if any(not (isinstance(d, ast.Name) and d.id in ("staticmethod",)) for d in n.decorator_list):
             continue  # properties, caches, ...: not traced
-        n.decorator_list = []
+        n = copy.copy(n)  # shallow: the parsed tree is shared (_parse), the body is only read
+        n.decorator_list, n.returns, n.args = [], None, copy.copy(n.args)
+        for field_ in ("args", "kwonlyargs", "posonlyargs"):
+            setattr(n.args, field_, [copy.copy(a) for a in getattr(n.args, field_)])
         for a in n.args.args + n.args.kwonlyargs + n.args.posonlyargs:
             a.annotation = None
-        n.returns = None
         mod = ast.Module(body=[n], type_ignores=[])
         ast.fix_missing_locations(mod)
         ns = g
@@ -529,7 +532,7 @@ def _definitions_present(git: Git, head: str, old_parent: str, old_commit: str, 
         if new_text is None:
             return False, f"{path} is not in the new upstream"
         try:
-            pre, post, new = ast.parse(pre_text), ast.parse(post_text), ast.parse(new_text)
+            pre, post, new = _parse(pre_text), _parse(post_text), _parse(new_text)
         except SyntaxError as e:
             return False, f"{path} does not parse ({e.msg})"
         pre_d, post_d, new_d = _defs(pre), _defs(post), _defs(new)
@@ -889,12 +892,16 @@ def _resolve_source(project: stack.Project, onto: str, source: str, url: str | N
     return chosen
 
 
-def _prepare(git: Git, project_root: Path, onto: str, source: str, commit: str | None, url: str | None, in_sync) -> Plan:
+def _prepare(git: Git, project_root: Path, onto: str, source: str, commit: str | None, url: str | None, in_sync,
+             cached: bool = False) -> Plan:
+    """cached (dry runs): registry trees come from the tree cache (sglpatch.treecache), which git
+    (a scratch repository) then borrows; a real rebase commits them into the workdir."""
     project = stack.Project.load(project_root)
     source = _resolve_source(project, onto, source, url)
+    registry = treecache.registry_commit if cached else up.build_registry
     if in_sync is None:
         say(f"building the current stack on {project.lock.describe()} to compare against")
-        old_base = up.build_from_git(git, project.lock, url) if source == "git" else up.build_registry(git, project.lock)
+        old_base = up.build_from_git(git, project.lock, url) if source == "git" else registry(git, project.lock)
         up.verify_blobs(git, old_base, project.lock, source)
         old_commits = stack.build_chain(git, project, old_base, progress=False)
     else:
@@ -907,7 +914,7 @@ def _prepare(git: Git, project_root: Path, onto: str, source: str, commit: str |
     if new_lock.pin_digest() == project.lock.pin_digest():
         raise RebaseError(f"the series is already pinned to {new_lock.describe()}; nothing to rebase")
     t0 = time.monotonic()
-    onto_commit = _build_new_upstream(git, new_lock, source, url)
+    onto_commit = registry(git, new_lock) if cached and source in ("sdist", "wheel") else _build_new_upstream(git, new_lock, source, url)
     say(f"new upstream {new_lock.describe()} ready from {source} in {time.monotonic() - t0:.1f}s")
     return Plan(
         project=str(project_root),
@@ -972,7 +979,7 @@ def dry_run(
                 objects = (Path(workdir) / ".git" / "objects").resolve()
                 (scratch / "objects" / "info").mkdir(parents=True, exist_ok=True)
                 (scratch / "objects" / "info" / "alternates").write_text(f"{objects}\n")
-        plan = _prepare(sg, project_root, onto, source, commit, url, in_sync)
+        plan = _prepare(sg, project_root, onto, source, commit, url, in_sync, cached=True)
         outcomes = _run_steps(sg, plan, dry_run=True)
     new_lock = Lock.parse(plan.new_lock, "target")
     if any(o.action == "stop" for o in outcomes):

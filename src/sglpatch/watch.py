@@ -2,9 +2,8 @@
 
 One row per release, one column per patch (the classification is rebase's own, see
 ``rebase.classify``), plus the release's dependency pins next to the pinned release's.
-Trees are cached: each registry artifact is unpacked once into a cache git repository
-(``$SGLPATCH_CACHE/trees.git``, ref ``refs/sglpatch/trees/<artifact sha256>``), so a second
-run only classifies. Output: a terminal table, and optionally JSON and markdown.
+Trees are cached (``sglpatch.treecache``): each registry artifact is unpacked once into a
+cache git repository, so a second run only classifies. Output: a terminal table, and optionally JSON and markdown.
 Exit status: 3 when the newest release needs a human, else 0.
 """
 
@@ -17,7 +16,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from sglpatch import artifacts, rebase, stack, supersede
+from sglpatch import artifacts, rebase, stack, supersede, treecache
 from sglpatch import upstream as up
 from sglpatch.errors import SglpatchError, say
 from sglpatch.fsutil import write_if_changed
@@ -27,7 +26,6 @@ from sglpatch.lock import UNKNOWN_COMMIT, Lock
 EXIT_OK = 0
 EXIT_HUMAN = 3
 DEPS = ("torch", "flashinfer-python", "sgl-kernel", "sglang-kernel", "transformers")
-TREE_REF = "refs/sglpatch/trees"
 SHORT = {
     "exact": "exact",
     "3way": "3-way",
@@ -58,38 +56,6 @@ class Row:
     cells: dict[str, Cell]
     deps: dict[str, str]
     verdict: str  # nothing | unattended | human
-
-
-# --------------------------------------------------------------------------------------
-# trees
-
-
-def cache_repo() -> Git:
-    path = up.cache_dir() / "trees.git"
-    if not (path / "HEAD").exists():
-        path.mkdir(parents=True, exist_ok=True)
-        Git(path).run("init", "-q", "--bare")
-    return Git(path)
-
-
-def tree_commit(cg: Git, kind: str, path: Path, sha256: str, subdir: str = "python") -> str:
-    """The artifact's tree as a commit in the cache repository (built once per sha256)."""
-    ref = f"{TREE_REF}/{sha256}"
-    have = cg.rev(ref)
-    if have:
-        return have
-    t0 = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="sglpatch-tree-") as tmp:
-        dest = Path(tmp) / subdir
-        dest.mkdir(parents=True)
-        if kind == "wheel":
-            artifacts.extract_wheel(path, dest)
-        else:
-            up._safe_extract(path, dest)
-        commit = up._commit_tree(cg, Path(tmp), f"{path.name}\n\nsha256 {sha256}, unpacked under {subdir}/\n")
-    cg.update_ref(ref, commit, message="sglpatch watch: tree cache")
-    say(f"cached the tree of {path.name} in {time.monotonic() - t0:.1f}s")
-    return commit
 
 
 def _release_lock(current: Lock, version: str, art: artifacts.Artifact, path: Path) -> Lock:
@@ -159,22 +125,22 @@ def run(project_root: Path, releases: str | None = None) -> dict:
     if not versions:
         raise SglpatchError(f"no releases of {lock.name} after {lock.version} on the index" if not releases else f"no release matches {releases}")
     t0 = time.monotonic()
-    cg = cache_repo()
+    cg = treecache.cache_repo()
     pin_art, pin_path = artifacts.fetch(lock.name, lock.version, lock.artifact_kind, expect_sha256=lock.sdist_sha256)
-    old_base = tree_commit(cg, lock.artifact_kind, pin_path, pin_art.sha256, lock.sdist_subdir)
+    old_base = treecache.tree_commit(cg, lock.artifact_kind, pin_path, pin_art.sha256, lock.sdist_subdir)
     up.verify_blobs(cg, old_base, lock, "registry")
     pinned_deps = dep_pins(pin_path, lock.version, lock.name)
     rows: list[Row] = []
     with tempfile.TemporaryDirectory(prefix="sglpatch-watch-") as tmp:
         sg = Git(Path(tmp))
         sg.run("init", "-q", "--bare")
-        (Path(tmp) / "objects" / "info" / "alternates").write_text(str((cg.workdir / "objects").resolve()) + "\n")
+        treecache.borrow(sg, cg)
         old_commits = stack.build_chain(sg, project, old_base, progress=False)
         for k, v in enumerate(versions, 1):
             kind = "sdist" if "sdist" in artifacts.kinds_offered(lock.name, v) else "wheel"
             say(f"[{k}/{len(versions)}] {lock.name} {v} ({kind})")
             art, path = artifacts.fetch(lock.name, v, kind)
-            onto = tree_commit(cg, kind, path, art.sha256, lock.sdist_subdir)
+            onto = treecache.tree_commit(cg, kind, path, art.sha256, lock.sdist_subdir)
             new_lock = _release_lock(lock, v, art, path)
             outcomes = rebase.classify(sg, project_root, old_base, old_commits, new_lock, onto, kind)
             deps = dep_pins(path, v, lock.name)
