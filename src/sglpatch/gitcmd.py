@@ -14,11 +14,13 @@ Every call goes through :class:`Git`, which runs the git binary through GitPytho
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import subprocess
 import sys
 import tempfile
+import weakref
 from pathlib import Path
 
 import git as gitpython  # GitPython
@@ -125,6 +127,17 @@ def _base_env() -> dict[str, str]:
     return env
 
 
+def _end_batch(proc: subprocess.Popen | None) -> None:
+    if proc is None or proc.poll() is not None:
+        return
+    try:
+        proc.stdin.close()
+        proc.wait(timeout=5)
+    except (OSError, subprocess.TimeoutExpired):
+        proc.kill()
+        proc.wait()
+
+
 class Git:
     """git in one directory, with the fixed flags above."""
 
@@ -132,6 +145,7 @@ class Git:
         # absolute: git runs with cwd=workdir, so every path we hand it must not be relative
         self.workdir = Path(workdir).expanduser().absolute()
         self._runner = gitpython.Git(str(self.workdir))
+        self._batch: subprocess.Popen | None = None
 
     # -- running ------------------------------------------------------------
     def run(
@@ -217,6 +231,62 @@ class Git:
             raise GitError(f"git {args[0] if args else ''} failed in {self.workdir}: {last[-1] if last else f'exit {rc}'}")
         return out.strip()
 
+    def cat(self, spec: str, _fresh: bool = False) -> tuple[str, str, bytes] | None:
+        """(object id, type, content) of spec ("COMMIT:PATH", an object id), None when there is no such
+        object: one long-running ``git cat-file --batch`` per Git instead of a process per
+        object. An answer of "missing" is asked again of a fresh git (objects or alternates that
+        appeared after the batch started)."""
+        if "\n" in spec or not spec:
+            raise GitError(f"cannot look up {spec!r}")
+        for _ in range(2):
+            if self._batch is None or self._batch.poll() is not None:
+                env = _base_env()
+                env.update({"GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": os.devnull})
+                cmd = [gitpython.Git.GIT_PYTHON_GIT_EXECUTABLE or "git"]
+                for item in _FIXED_CONFIG:
+                    cmd += ["-c", item]
+                self._batch = subprocess.Popen(
+                    cmd + ["cat-file", "--batch"], cwd=str(self.workdir), env=env,
+                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                )
+                weakref.finalize(self, _end_batch, self._batch)
+            try:
+                self._batch.stdin.write(spec.encode("utf-8", "surrogateescape") + b"\n")
+                self._batch.stdin.flush()
+                header = self._batch.stdout.readline().decode("utf-8", "surrogateescape").rstrip("\n").split(" ")
+                if len(header) == 3 and header[2].isdigit():
+                    data = self._batch.stdout.read(int(header[2]) + 1)[:-1]
+                    return header[0], header[1], data
+            except (BrokenPipeError, OSError, ValueError):
+                _end_batch(self._batch)
+                self._batch = None
+                continue
+            break
+        if _fresh:
+            return None
+        if ":" in spec and self.cat(spec.split(":", 1)[0], _fresh=True) is not None:
+            return None  # the commit is there, the path is not
+        rc, out, _ = self.run("rev-parse", "--verify", "--quiet", "--end-of-options", spec, check=False)
+        if rc != 0:
+            return None
+        _end_batch(self._batch)  # it predates the object: start afresh
+        self._batch = None
+        return self.cat(spec, _fresh=True)
+
+    def tree_of(self, commit: str) -> str:
+        """The tree id of a commit (or of a tree), through cat()."""
+        got = self.cat(commit)
+        if got is not None and got[1] == "tree":
+            return got[0]
+        if got is not None and got[1] == "commit" and got[2].startswith(b"tree "):
+            return got[2][5:45].decode()
+        return self.run("rev-parse", "--verify", "--end-of-options", f"{commit}^{{tree}}")
+
+    def blob_text(self, commit: str, path: str) -> str | None:
+        """The file at path in commit (None when it is not a file there), through cat()."""
+        got = self.cat(f"{commit}:{path}")
+        return got[2].decode("utf-8", "surrogateescape") if got is not None and got[1] == "blob" else None
+
     # -- queries ------------------------------------------------------------
     def is_repo(self) -> bool:
         if not (self.workdir / ".git").exists():
@@ -284,6 +354,13 @@ def patch_paths(patch: bytes, strip: int = 1) -> tuple[list[str], list[str]]:
     the new one for a creation). Runs in / with no repository around it, so that no
     checkout's subdirectory prefixes the paths; nothing is applied (``--numstat``).
     """
+    written, read = _patch_paths(patch, strip)
+    return list(written), list(read)
+
+
+@functools.lru_cache(maxsize=256)
+def _patch_paths(patch: bytes, strip: int) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """patch_paths, once per patch text in a process (errors are not kept: they raise again)."""
     git = Git("/")
     env = {"GIT_CEILING_DIRECTORIES": "/"}
     out = []
@@ -294,4 +371,4 @@ def patch_paths(patch: bytes, strip: int = 1) -> tuple[list[str], list[str]]:
             raise GitError(errors[0].removeprefix("error: ") if errors else f"git apply --numstat: exit {rc}")
         out.append([entry.split("\t", 2)[2] for entry in text.split("\0") if entry])
     written, read = out
-    return written, read[::-1]  # with -R git applies (and lists) the files last to first
+    return tuple(written), tuple(read[::-1])  # with -R git applies (and lists) the files last to first

@@ -28,6 +28,7 @@ import unidiff
 from pyflakes import checker as _checker
 from pyflakes import messages as _m
 
+from sglpatch import treecache
 from sglpatch.gitcmd import Git
 
 _BROKEN = (
@@ -41,11 +42,6 @@ _BROKEN = (
 )
 
 
-def _blob(git: Git, commit: str, path: str) -> str | None:
-    rc, out, _ = git.run("cat-file", "blob", f"{commit}:{path}", check=False, strip=False)
-    return out if rc == 0 else None
-
-
 def _flakes(text: str, path: str) -> list:
     try:
         tree = ast.parse(text, filename=path)
@@ -55,8 +51,29 @@ def _flakes(text: str, path: str) -> list:
     return [m for m in w.messages if isinstance(m, _BROKEN)]
 
 
-def _key(m) -> tuple:
-    return (type(m).__name__, tuple(str(a) for a in m.message_args))
+def _flakes_of(git: Git, commit: str, path: str) -> tuple[str | None, list[list]]:
+    """(text, [[kind, args, line, message], ...]) of the file at path in commit: pyflakes runs
+    once per blob (kept in memory and in the tree cache's facts; blobs are immutable)."""
+    got = git.cat(f"{commit}:{path}")
+    if got is None or got[1] != "blob":
+        return None, []
+    text = got[2].decode("utf-8", "surrogateescape")
+    key = f"{got[0]}-{re.sub(r'[^A-Za-z0-9_.]', '_', path.rsplit('/', 1)[-1])}"  # pyflakes reads __init__.py differently
+    msgs = _FLAKES.get(key)
+    if msgs is None:
+        msgs = treecache.load_facts("flakes", key).get("messages")
+        if msgs is None:
+            msgs = [[type(m).__name__, [str(a) for a in m.message_args], m.lineno, m.message % m.message_args] for m in _flakes(text, path)]
+            treecache.save_facts("flakes", key, {"messages": msgs})
+        _FLAKES[key] = msgs
+    return text, msgs
+
+
+_FLAKES: dict[str, list[list]] = {}
+
+
+def _key(m: list) -> tuple:
+    return (m[0], tuple(m[1]))
 
 
 def _added_lines(git: Git, base: str, merged: str, path: str) -> set[int]:
@@ -110,30 +127,42 @@ def _def_patterns(n: str) -> list[re.Pattern]:
     )]
 
 
+def _tree_id(git: Git, commit: str) -> str:
+    got = _TREES.get(commit)
+    if got is None:
+        got = _TREES[commit] = git.tree_of(commit)
+    return got
+
+
+_TREES: dict[str, str] = {}
+_NAMES: dict[str, dict[str, bool]] = {}  # tree id -> name -> defined (trees are immutable)
+
+
 def defined_names(git: Git, commit: str, names: set[str]) -> set[str]:
     """Which of names some Python file in commit's tree defines (def/class/assignment/parameter/
-    keyword/import): one fixed-string `git grep -w` over the tree, then the patterns above."""
-    known = {n for n in names if (commit, n) in _MEMO}
-    hits = {n for n in known if _MEMO[(commit, n)]}
-    names = set(names) - known
-    if not names:
-        return hits
-    args = ["grep", "-I", "-h", "-w", "-F"]
-    for n in sorted(names):
-        args += ["-e", n]
-    rc, out, _ = git.run(*args, commit, "--", "*.py", check=False, strip=False)
-    found = set()
-    lines = out.split("\n")
-    for n in names:
-        pats = _def_patterns(n)
-        word = re.compile(rf"\b{re.escape(n)}\b")
-        _MEMO[(commit, n)] = any(word.search(line) and any(p.search(line) for p in pats) for line in lines)
-        if _MEMO[(commit, n)]:
-            found.add(n)
-    return found | hits
-
-
-_MEMO: dict[tuple[str, str], bool] = {}  # (commit, name) -> defined; commits are immutable
+    keyword/import): one fixed-string `git grep -w` over the tree for all names not known yet,
+    then the patterns above on the lines each name occurs in. What is found is kept per tree
+    (in memory and in the tree cache's facts), so a tree is searched once per name."""
+    tree = _tree_id(git, commit)
+    known = _NAMES.get(tree)
+    if known is None:
+        known = _NAMES[tree] = treecache.load_facts("names", tree)
+    todo = sorted(set(names) - known.keys())
+    if todo:
+        args = ["grep", "-I", "-h", "-w", "-F"]
+        for n in todo:
+            args += ["-e", n]
+        rc, out, _ = git.run(*args, commit, "--", "*.py", check=False, strip=False)
+        words = re.compile(r"\b(" + "|".join(re.escape(n) for n in sorted(todo, key=len, reverse=True)) + r")\b")
+        pats = {n: _def_patterns(n) for n in todo}
+        found: set[str] = set()
+        for line in out.split("\n"):
+            for n in set(words.findall(line)) - found:
+                if any(p.search(line) for p in pats[n]):
+                    found.add(n)
+        known.update({n: n in found for n in todo})
+        treecache.save_facts("names", tree, known)
+    return {n for n in names if known[n]}
 
 
 def check(git: Git, old_base: str, base: str, merged: str, paths: list[str]) -> list[str]:
@@ -145,7 +174,7 @@ def check(git: Git, old_base: str, base: str, merged: str, paths: list[str]) -> 
     for path in paths:
         if not path.endswith(".py"):
             continue
-        text = _blob(git, merged, path)
+        text, merged_msgs = _flakes_of(git, merged, path)
         if text is None:
             continue
         try:
@@ -156,16 +185,16 @@ def check(git: Git, old_base: str, base: str, merged: str, paths: list[str]) -> 
         except ValueError as e:
             problems.append(f"{path}:1: does not compile ({e})")
             continue
-        known = Counter(_key(m) for m in _flakes(_blob(git, base, path) or "", path))
-        known_old = Counter(_key(m) for m in _flakes(_blob(git, old_base, path) or "", path))
-        for m in _flakes(text, path):
+        known = Counter(_key(m) for m in _flakes_of(git, base, path)[1])
+        known_old = Counter(_key(m) for m in _flakes_of(git, old_base, path)[1])
+        for m in merged_msgs:
             k = _key(m)
             if known[k] > 0:
                 known[k] -= 1
             elif known_old[k] > 0:
                 known_old[k] -= 1
             else:
-                problems.append(f"{path}:{m.lineno}: {m.message % m.message_args}")
+                problems.append(f"{path}:{m[2]}: {m[3]}")
         lines = _added_lines(git, base, merged, path)
         if lines:
             used, own = _used_and_defined(ast.parse(text), lines)

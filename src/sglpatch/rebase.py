@@ -138,26 +138,36 @@ def _table(outcomes: list[Outcome]) -> list[str]:
 
 
 def _tree(git: Git, commit: str) -> str:
-    return git.run("rev-parse", f"{commit}^{{tree}}")
+    return git.tree_of(commit)
 
 
 def _blob(git: Git, commit: str, path: str) -> str | None:
-    rc, out, _ = git.run("cat-file", "blob", f"{commit}:{path}", check=False, strip=False)
-    return out if rc == 0 else None
+    return git.blob_text(commit, path)
 
 
 def _fixed_commit(git: Git, tree: str, parents: list[str], message: str) -> str:
-    args = ["commit-tree", tree]
-    for p in parents:
-        args += ["-p", p]
-    return git.run(*args, input=message, env={"GIT_AUTHOR_DATE": FIXED_DATE, "GIT_COMMITTER_DATE": FIXED_DATE})
+    key = (str(git.workdir), tree, tuple(parents), message)  # fixed identity and dates: the same id every time
+    if key not in _FIXED:
+        args = ["commit-tree", tree]
+        for p in parents:
+            args += ["-p", p]
+        _FIXED[key] = git.run(*args, input=message, env={"GIT_AUTHOR_DATE": FIXED_DATE, "GIT_COMMITTER_DATE": FIXED_DATE})
+    return _FIXED[key]
+
+
+_FIXED: dict[tuple, str] = {}
+
+
+_LIKE: dict[tuple, tuple[str, str, str, str]] = {}  # (repository, commit) -> author name, email, date, message
 
 
 def _commit_like(git: Git, tree: str, parent: str, like: str) -> str:
     """A commit of tree on parent with the message and author of commit `like` (as git am would)."""
-    fmt = git.run("log", "-1", "--format=%an%x00%ae%x00%aI", like)
-    name, email, date = fmt.split("\0")
-    message = git.run("log", "-1", "--format=%B", like, strip=False)
+    key = (str(git.workdir), like)
+    if key not in _LIKE:
+        fmt = git.run("log", "-1", "--format=%an%x00%ae%x00%aI", like)
+        _LIKE[key] = (*fmt.split("\0"), git.run("log", "-1", "--format=%B", like, strip=False))
+    name, email, date, message = _LIKE[key]
     env = {
         "GIT_AUTHOR_NAME": name,
         "GIT_AUTHOR_EMAIL": email,
@@ -196,6 +206,25 @@ def _with_temp_index(git: Git, base: str, fn):
         env = {"GIT_INDEX_FILE": str(Path(tmp) / "index")}
         git.run("read-tree", base, env=env)
         return fn(env, Path(tmp))
+
+
+def _new_sides_present(git: Git, head: str, patch: PatchFile, strip: int) -> bool:
+    """Whether every hunk's new side (context and added lines) is somewhere in head's file:
+    without that, the patch cannot reverse-apply (git apply takes no fuzz), and git need not
+    be asked."""
+    diffs = patch.diffs if strip == patch.strip else parse_patch(patch.name, patch.data, strip).diffs
+    for d in diffs:
+        if d.new is None:
+            continue  # a deleted file: git decides
+        text = _blob(git, head, d.new)
+        if text is None:
+            return False
+        lines = text.split("\n")
+        for h in d.hunks:
+            k = len(h.new_lines)
+            if k and not any(lines[i : i + k] == h.new_lines for i in range(len(lines) - k + 1)):
+                return False
+    return True
 
 
 def _reverse_applies(git: Git, head: str, data: bytes, strip: int) -> bool:
@@ -452,18 +481,20 @@ def _compile_methods(cls: ast.ClassDef | None, funcs: list[ast.AST], g: _Globals
     for n in nodes:
         if any(not (isinstance(d, ast.Name) and d.id in ("staticmethod",)) for d in n.decorator_list):
             continue  # properties, caches, ...: not traced
-        n = copy.copy(n)  # shallow: the parsed tree is shared (_parse), the body is only read
-        n.decorator_list, n.returns, n.args = [], None, copy.copy(n.args)
-        for field_ in ("args", "kwonlyargs", "posonlyargs"):
-            setattr(n.args, field_, [copy.copy(a) for a in getattr(n.args, field_)])
-        for a in n.args.args + n.args.kwonlyargs + n.args.posonlyargs:
-            a.annotation = None
-        mod = ast.Module(body=[n], type_ignores=[])
-        ast.fix_missing_locations(mod)
-        ns = g
-        exec(compile(mod, "<sglpatch-trace>", "exec"), ns)
-        out[n.name] = ns.pop(n.name)
+        if n not in _CODE:  # compiled once per def (the traces run it many times)
+            c = copy.copy(n)  # shallow: the parsed tree is shared (_parse), the body is only read
+            c.decorator_list, c.returns, c.args = [], None, copy.copy(n.args)
+            for field_ in ("args", "kwonlyargs", "posonlyargs"):
+                setattr(c.args, field_, [copy.copy(a) for a in getattr(n.args, field_)])
+            for a in c.args.args + c.args.kwonlyargs + c.args.posonlyargs:
+                a.annotation = None
+            _CODE[n] = compile(ast.Module(body=[c], type_ignores=[]), "<sglpatch-trace>", "exec")
+        exec(_CODE[n], g)
+        out[n.name] = g.pop(n.name)
     return out
+
+
+_CODE: dict[ast.AST, object] = {}  # def node (kept alive here) -> its code, decorators and annotations dropped
 
 
 def _run_traced(func_node: ast.FunctionDef, cls: ast.ClassDef | None, missing: frozenset[str]):
@@ -576,11 +607,24 @@ def _definitions_present(git: Git, head: str, old_parent: str, old_commit: str, 
     return True, f"every definition it adds is there with the same behaviour ({', '.join(checked)})"
 
 
+def _oid(git: Git, commit: str, path: str) -> str | None:
+    got = git.cat(f"{commit}:{path}")
+    return got[0] if got is not None and got[1] == "blob" else None
+
+
+_DEFS_MEMO: dict[tuple, tuple[bool, str]] = {}
+
+
 def _upstream_evidence(git: Git, head: str, old_parent: str, old_commit: str, entry: Entry, patch: PatchFile) -> str:
     """Why the change is already in head ('' when it is not)."""
-    if _reverse_applies(git, head, patch.data, entry.strip):
+    if _new_sides_present(git, head, patch, entry.strip) and _reverse_applies(git, head, patch.data, entry.strip):
         return "verified: the patch reverse-applies to the new upstream"
-    ok, why = _definitions_present(git, head, old_parent, old_commit, patch)
+    ids = tuple((p, *(_oid(git, c, p) for c in (old_parent, old_commit, head))) for p in patch.files)
+    if all(pre == new for _, pre, _, new in ids):
+        return ""  # the new upstream has the very files the patch was made on: not there
+    if ids not in _DEFS_MEMO:  # the same files give the same answer (the watch meets them in several releases)
+        _DEFS_MEMO[ids] = _definitions_present(git, head, old_parent, old_commit, patch)
+    ok, why = _DEFS_MEMO[ids]
     if ok:
         return f"verified: {why}"
     return ""

@@ -141,6 +141,7 @@ class Hunk:
     old_start: int  # 1-based line in the old file where old_lines must sit
     old_lines: list[str]  # context and removed lines, without their newline
     header: str  # "@@ -a,b +c,d @@"
+    new_lines: list[str] = field(default_factory=list)  # context and added lines, without their newline
 
 
 @dataclass
@@ -267,6 +268,7 @@ def parse_diff(name: str, data: bytes, diff_text: str, strip: int) -> list[FileD
                 old_start=h.source_start if h.source_length else h.source_start + 1,
                 old_lines=[ln.value[:-1] if ln.value.endswith("\n") else ln.value for ln in h.source_lines()],
                 header=f"@@ -{h.source_start},{h.source_length} +{h.target_start},{h.target_length} @@",
+                new_lines=[ln.value[:-1] if ln.value.endswith("\n") else ln.value for ln in h.target_lines()],
             )
             for h in f
         ]

@@ -21,7 +21,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from sglpatch import artifacts
+from sglpatch import artifacts, treecache
 from sglpatch.errors import SglpatchError
 from sglpatch.gitcmd import Git
 from sglpatch.series import PatchFile
@@ -90,18 +90,33 @@ def _defined(text: str, name: str) -> bool:
     return re.search(rf"^\s*(?:(?:async\s+)?def|class)\s+{re.escape(name)}\b|^\s*{re.escape(name)}\s*(?::[^=]*)?=", text, re.M) is not None
 
 
+def _ships(dist: str, ver: str, member: str, sym: str) -> bool:
+    """Whether dist ver's wheel (index-verified) has sym in member; the answer is kept in the
+    tree cache's facts under the wheel's sha256, so a warm watch reads no wheel."""
+    art = artifacts.choose(dist, ver, "wheel")
+    sha = art.sha256 if art is not None and re.fullmatch(r"[0-9a-f]{64}", art.sha256) else None
+    facts = treecache.load_facts("ships", sha) if sha else {}
+    key = f"{member} {sym}"
+    if key not in facts:
+        art, whl = artifacts.fetch(dist, ver, "wheel")
+        text = artifacts.zip_read(whl, member)
+        facts[key] = text is not None and re.search(rf"\b{re.escape(sym)}\b", text) is not None
+        treecache.save_facts("ships", art.sha256, facts)
+    return facts[key]
+
+
 def probe(git: Git, tree: str, patch: PatchFile, deps: dict[str, str]) -> Result | None:
     """None when the patch declares nothing; else whether it is superseded on tree, and why."""
     p = parse(patch)
     if p is None:
         return None
     for f in p.files:
-        if git.blob_id(tree, f) is None:
+        if git.cat(f"{tree}:{f}") is None:
             return Result(False, "", p.switch)  # the replacement is not in this release: nothing to say
     found = [f"{f.rsplit('/', 1)[-1]}" for f in p.files]
     for path, sym in p.symbols:
-        rc, text, _ = git.run("cat-file", "blob", f"{tree}:{path}", check=False, strip=False)
-        if rc != 0 or not _defined(text, sym):
+        text = git.blob_text(tree, path)
+        if text is None or not _defined(text, sym):
             return Result(False, f"{path} has no {sym}", p.switch)
         found.append(sym)
     for env in p.envs:
@@ -116,9 +131,7 @@ def probe(git: Git, tree: str, patch: PatchFile, deps: dict[str, str]) -> Result
         ver = _pinned_version(spec, dist)
         if ver is None:
             return Result(False, f"{', '.join(found)} present, but no {dist} release satisfies {spec}", p.switch)
-        _, whl = artifacts.fetch(dist, ver, "wheel")
-        text = artifacts.zip_read(whl, member)
-        if text is None or not re.search(rf"\b{re.escape(sym)}\b", text):
+        if not _ships(dist, ver, member, sym):
             return Result(False, f"{', '.join(found)} present, but its pinned {dist} {ver} has no {sym} in {member} (dependency missing)", p.switch)
         found.append(f"{dist} {ver} ships {sym}")
     return Result(True, f"{p.title}: " + ", ".join(found), f"use {p.switch}" if p.switch else "")

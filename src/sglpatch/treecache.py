@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import tempfile
 import time
 from pathlib import Path
@@ -90,6 +91,29 @@ def registry_commit(git: Git, lock: Lock, python: str | None = None) -> str:
         )
     borrow(git, cg)
     return commit
+
+
+def release_tree(cg: Git, name: str, version: str, kind: str, subdir: str = "python",
+                 expect_sha256: str | None = None) -> tuple[artifacts.Artifact, str, dict]:
+    """(artifact, cached tree commit, metadata) of a release, for the watch. Warm, nothing is
+    read from the artifact: its tree and metadata are the ones cached under the sha256 the
+    index publishes now (they were made from a file verified against it). Otherwise the
+    artifact is fetched and verified (artifacts.fetch), unpacked and its metadata kept.
+    metadata: requires_dist, requires_python, commit (what _version.py records, or '')."""
+    art = artifacts.choose(name, version, kind)
+    if art is None or not re.fullmatch(r"[0-9a-f]{64}", art.sha256) or (expect_sha256 and expect_sha256 != art.sha256):
+        art, path = artifacts.fetch(name, version, kind, expect_sha256=expect_sha256)  # raises the one-line error
+    commit = cg.rev(f"{TREE_REF}/{art.sha256}")
+    meta = load_facts("artifact", art.sha256)
+    if commit and {"requires_dist", "requires_python", "commit"} <= meta.keys():
+        return art, commit, meta
+    art, path = artifacts.fetch(name, version, kind, expect_sha256=expect_sha256)
+    commit = tree_commit(cg, kind, path, art.sha256, subdir)
+    m = artifacts.metadata(path)
+    meta = {"requires_dist": m.get_all("Requires-Dist") or [], "requires_python": m.get("Requires-Python", "") or "",
+            "commit": artifacts.recorded_commit(path)}
+    save_facts("artifact", art.sha256, meta)
+    return art, commit, meta
 
 
 # --------------------------------------------------------------------------------------

@@ -58,9 +58,8 @@ class Row:
     verdict: str  # nothing | unattended | human
 
 
-def _release_lock(current: Lock, version: str, art: artifacts.Artifact, path: Path) -> Lock:
-    commit = artifacts.recorded_commit(path) or UNKNOWN_COMMIT
-    return Lock(name=current.name, url=current.url, tag=f"v{version}", commit=commit, version=version,
+def _release_lock(current: Lock, version: str, art: artifacts.Artifact, commit: str) -> Lock:
+    return Lock(name=current.name, url=current.url, tag=f"v{version}", commit=commit or UNKNOWN_COMMIT, version=version,
                 sdist_filename=art.filename, sdist_sha256=art.sha256, sdist_subdir=current.sdist_subdir)
 
 
@@ -70,15 +69,20 @@ def _release_lock(current: Lock, version: str, art: artifacts.Artifact, path: Pa
 
 def dep_pins(path: Path, version: str, name: str = "sglang") -> dict[str, str]:
     meta = artifacts.metadata(path)
+    return pins(meta.get_all("Requires-Dist") or [], meta.get("Requires-Python", "") or "", version, name)
+
+
+def pins(requires_dist: list[str], requires_python: str, version: str, name: str = "sglang") -> dict[str, str]:
+    """The dependency pins the watch shows, from the release's core metadata and the index."""
     out: dict[str, str] = {}
-    for req in meta.get_all("Requires-Dist") or []:
+    for req in requires_dist:
         if "extra ==" in req:
             continue
         m = re.match(r"^\s*([A-Za-z0-9_.-]+)\s*(\[[^\]]*\])?\s*(.*)$", req)
         dist = re.sub(r"[-_.]+", "-", m.group(1)).lower()
         if dist in DEPS:
             out[dist] = (m.group(3).split(";")[0].strip().strip("()") or "any")
-    out["python"] = meta.get("Requires-Python", "") or "?"
+    out["python"] = requires_python or "?"
     tags = sorted({a.filename[:-4].split("-")[-3] for a in artifacts.index_files(name) if a.version == version and a.kind == "wheel"})
     out["tags"] = ",".join(tags) or "-"
     return out
@@ -126,10 +130,9 @@ def run(project_root: Path, releases: str | None = None) -> dict:
         raise SglpatchError(f"no releases of {lock.name} after {lock.version} on the index" if not releases else f"no release matches {releases}")
     t0 = time.monotonic()
     cg = treecache.cache_repo()
-    pin_art, pin_path = artifacts.fetch(lock.name, lock.version, lock.artifact_kind, expect_sha256=lock.sdist_sha256)
-    old_base = treecache.tree_commit(cg, lock.artifact_kind, pin_path, pin_art.sha256, lock.sdist_subdir)
+    _, old_base, pin_meta = treecache.release_tree(cg, lock.name, lock.version, lock.artifact_kind, lock.sdist_subdir, lock.sdist_sha256)
     up.verify_blobs(cg, old_base, lock, "registry")
-    pinned_deps = dep_pins(pin_path, lock.version, lock.name)
+    pinned_deps = pins(pin_meta["requires_dist"], pin_meta["requires_python"], lock.version, lock.name)
     rows: list[Row] = []
     with tempfile.TemporaryDirectory(prefix="sglpatch-watch-") as tmp:
         sg = Git(Path(tmp))
@@ -139,11 +142,10 @@ def run(project_root: Path, releases: str | None = None) -> dict:
         for k, v in enumerate(versions, 1):
             kind = "sdist" if "sdist" in artifacts.kinds_offered(lock.name, v) else "wheel"
             say(f"[{k}/{len(versions)}] {lock.name} {v} ({kind})")
-            art, path = artifacts.fetch(lock.name, v, kind)
-            onto = treecache.tree_commit(cg, kind, path, art.sha256, lock.sdist_subdir)
-            new_lock = _release_lock(lock, v, art, path)
+            art, onto, meta = treecache.release_tree(cg, lock.name, v, kind, lock.sdist_subdir)
+            new_lock = _release_lock(lock, v, art, meta["commit"])
             outcomes = rebase.classify(sg, project_root, old_base, old_commits, new_lock, onto, kind)
-            deps = dep_pins(path, v, lock.name)
+            deps = pins(meta["requires_dist"], meta["requires_python"], v, lock.name)
             cells = {}
             for o, patch in zip(outcomes, project.patches):
                 c = _cell(o, v)
