@@ -45,6 +45,7 @@ class Artifact:
     url: str
 
 
+@lru_cache(maxsize=None)
 def index_url() -> str:
     url = os.environ.get("PIP_INDEX_URL")
     if not url:

@@ -404,13 +404,18 @@ def _add_watch(sub) -> None:
     p.add_argument("--releases", metavar="A..B", help="only these releases (inclusive; either side may be empty)")
     p.add_argument("--json", metavar="FILE", help="also write the matrix as JSON")
     p.add_argument("--markdown", metavar="FILE", help="also write a markdown report")
+    p.add_argument("--jobs", type=int, metavar="N", help="classify releases in N processes (default: the CPUs, at most 4)")
+    p.add_argument("--recheck", action="store_true", help="classify every release again, also those a run with the same "
+                   "series, resolutions and sglpatch already classified (kept in the tree cache)")
     p.add_argument("--command-line", help=argparse.SUPPRESS)
 
     def run(args) -> int:
         from sglpatch import watch
 
+        if args.jobs is not None and args.jobs < 1:
+            raise SglpatchError("--jobs must be 1 or more")
         return watch.main(_project(args), releases=args.releases, json_out=args.json, md_out=args.markdown,
-                          command=args.command_line)
+                          command=args.command_line, jobs=args.jobs, recheck=args.recheck)
 
     p.set_defaults(func=run)
 

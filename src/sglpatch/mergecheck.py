@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import ast
 import builtins
+import functools
 import re
 from collections import Counter
 
@@ -165,6 +166,23 @@ def defined_names(git: Git, commit: str, names: set[str]) -> set[str]:
     return {n for n in names if known[n]}
 
 
+@functools.lru_cache(maxsize=64)
+def _compile_error(text: str, path: str) -> str:
+    """'' when text byte-compiles, else the problem line (once per text: releases share merges)."""
+    try:
+        compile(text, path, "exec", dont_inherit=True)
+    except SyntaxError as e:
+        return f"{path}:{e.lineno}: does not compile ({e.msg})"
+    except ValueError as e:
+        return f"{path}:1: does not compile ({e})"
+    return ""
+
+
+@functools.lru_cache(maxsize=64)
+def _uses(text: str, lines: frozenset[int]) -> tuple[dict[str, tuple[int, str]], set[str]]:
+    return _used_and_defined(ast.parse(text), set(lines))
+
+
 def check(git: Git, old_base: str, base: str, merged: str, paths: list[str]) -> list[str]:
     """Problems of merged (= base + the patch) as 'file:line: reason' ([] when it looks sound).
 
@@ -177,13 +195,9 @@ def check(git: Git, old_base: str, base: str, merged: str, paths: list[str]) -> 
         text, merged_msgs = _flakes_of(git, merged, path)
         if text is None:
             continue
-        try:
-            compile(text, path, "exec", dont_inherit=True)
-        except SyntaxError as e:
-            problems.append(f"{path}:{e.lineno}: does not compile ({e.msg})")
-            continue
-        except ValueError as e:
-            problems.append(f"{path}:1: does not compile ({e})")
+        bad = _compile_error(text, path)
+        if bad:
+            problems.append(bad)
             continue
         known = Counter(_key(m) for m in _flakes_of(git, base, path)[1])
         known_old = Counter(_key(m) for m in _flakes_of(git, old_base, path)[1])
@@ -197,7 +211,7 @@ def check(git: Git, old_base: str, base: str, merged: str, paths: list[str]) -> 
                 problems.append(f"{path}:{m[2]}: {m[3]}")
         lines = _added_lines(git, base, merged, path)
         if lines:
-            used, own = _used_and_defined(ast.parse(text), lines)
+            used, own = _uses(text, frozenset(lines))
             uses.append((path, {n: u for n, u in used.items() if n not in own and not hasattr(builtins, n)}))
     cands = {n for _, used in uses for n in used}
     old_def = defined_names(git, old_base, cands)

@@ -360,6 +360,11 @@ def _fingerprint(node: ast.AST) -> str:
 
 def _remainder(tree: ast.Module, drop: set[str]) -> str:
     """The module without the defs in drop, without imports: what is left to compare."""
+    return _remainder_of(tree, frozenset(drop))
+
+
+@functools.lru_cache(maxsize=256)
+def _remainder_of(tree: ast.Module, drop: frozenset[str]) -> str:
     bodies: dict[int, list] = {}
 
     def strip(body, prefix):

@@ -9,10 +9,15 @@ Exit status: 3 when the newest release needs a human, else 0.
 
 from __future__ import annotations
 
+import hashlib
 import json
+import multiprocessing
+import os
 import re
+import sys
 import tempfile
 import time
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -121,7 +126,73 @@ def _parse_range(spec: str | None, name: str, pinned: str) -> list[str]:
     return artifacts.releases(name, first=a or None, upto=b or None, after=None if a else pinned)
 
 
-def run(project_root: Path, releases: str | None = None) -> dict:
+def _classify(items: list[tuple]) -> list[Row]:
+    """Rows for items (version, kind, artifact, tree commit, metadata) in the scratch repository
+    of _CTX; runs in a worker process (its own Git, so its own cat-file) or in this one."""
+    c = _CTX
+    sg, lock, project = Git(c["scratch"]), c["project"].lock, c["project"]
+    rows = []
+    for v, kind, art, onto, meta in items:
+        new_lock = _release_lock(lock, v, art, meta["commit"])
+        key = hashlib.sha256(f"{c['inputs']} {v} {kind} {sg.tree_of(onto)}".encode()).hexdigest()
+        done = {} if c["recheck"] else treecache.load_facts("outcomes", key)
+        if "outcomes" in done:
+            outcomes = [rebase.Outcome(**d) for d in done["outcomes"]]
+        else:
+            outcomes = rebase.classify(sg, c["root"], c["old_base"], c["old_commits"], new_lock, onto, kind)
+            treecache.save_facts("outcomes", key, {"outcomes": [asdict(o) for o in outcomes]})
+        deps = pins(meta["requires_dist"], meta["requires_python"], v, lock.name)
+        cells = {}
+        for o, patch in zip(outcomes, project.patches):
+            cell = _cell(o, v)
+            sup = supersede.probe(sg, onto, patch, deps)
+            if sup and sup.holds:
+                cell = Cell("superseded", f"superseded by upstream: {sup.evidence}; {sup.switch}", [cell.text] + cell.details, False)
+            elif sup and sup.evidence:
+                cell.details.append(f"not superseded: {sup.evidence}")
+            cells[o.name] = cell
+        human = any(x.needs_human for x in cells.values())
+        verdict = "human" if human else ("nothing" if all(x.status == "exact" for x in cells.values()) else "unattended")
+        rows.append(Row(v, kind, art.filename, art.sha256, new_lock.commit, cells, deps, verdict))
+        say(f"{lock.name} {v}: {VERDICT[verdict]}")
+    return rows
+
+
+_CTX: dict = {}
+
+
+def _inputs(project_root: Path, project: stack.Project, old_base: str, old_commits: list[str], git: Git) -> str:
+    """Everything a release's classification depends on besides the release's own tree: the
+    series and its patches, the recorded resolutions, the old stack, and the code that
+    classifies (sglpatch's own sources, pyflakes, Python, git). A run with the same inputs
+    on the same tree finds what an earlier one found (kept in the tree cache's facts)."""
+    import pyflakes
+
+    h = hashlib.sha256()
+    for f in sorted(Path(__file__).parent.glob("*.py")):
+        h.update(f.name.encode() + b"\0" + f.read_bytes() + b"\0")
+    h.update(f"{pyflakes.__version__} {sys.version} {git.run('version')}\0".encode())
+    h.update((project_root / "series").read_bytes() + b"\0")
+    for p in project.patches:
+        h.update(p.name.encode() + b"\0" + p.data + b"\0")
+    res = project_root / rebase.RESOLUTIONS_DIR
+    for f in sorted(res.rglob("*")) if res.is_dir() else []:
+        if f.is_file():
+            h.update(str(f.relative_to(res)).encode() + b"\0" + f.read_bytes() + b"\0")
+    h.update(" ".join([git.tree_of(old_base)] + [git.tree_of(c) for c in old_commits]).encode())
+    return h.hexdigest()
+
+
+def default_jobs() -> int:
+    return max(1, min(4, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1))
+
+
+def run(project_root: Path, releases: str | None = None, jobs: int | None = None, recheck: bool = False) -> dict:
+    """The matrix. Trees come first, one release after the other (downloads, unpacking); then
+    the releases are classified in `jobs` worker processes (default: the CPUs, at most 4),
+    each taking a run of consecutive releases (they share most files, so their checks share
+    what they find). A release classified before with the same inputs (see _inputs) is not
+    classified again unless recheck."""
     project_root = Path(project_root).resolve()
     project = stack.Project.load(project_root)
     lock = project.lock
@@ -133,31 +204,30 @@ def run(project_root: Path, releases: str | None = None) -> dict:
     _, old_base, pin_meta = treecache.release_tree(cg, lock.name, lock.version, lock.artifact_kind, lock.sdist_subdir, lock.sdist_sha256)
     up.verify_blobs(cg, old_base, lock, "registry")
     pinned_deps = pins(pin_meta["requires_dist"], pin_meta["requires_python"], lock.version, lock.name)
-    rows: list[Row] = []
+    items = []
+    for k, v in enumerate(versions, 1):
+        kind = "sdist" if "sdist" in artifacts.kinds_offered(lock.name, v) else "wheel"
+        say(f"[{k}/{len(versions)}] {lock.name} {v} ({kind})")
+        art, onto, meta = treecache.release_tree(cg, lock.name, v, kind, lock.sdist_subdir)
+        items.append((v, kind, art, onto, meta))
+    jobs = max(1, min(jobs or default_jobs(), len(items)))
+    say(f"classifying {len(items)} release(s) of {lock.name}" + (f" in {jobs} processes" if jobs > 1 else ""))
     with tempfile.TemporaryDirectory(prefix="sglpatch-watch-") as tmp:
         sg = Git(Path(tmp))
         sg.run("init", "-q", "--bare")
         treecache.borrow(sg, cg)
         old_commits = stack.build_chain(sg, project, old_base, progress=False)
-        for k, v in enumerate(versions, 1):
-            kind = "sdist" if "sdist" in artifacts.kinds_offered(lock.name, v) else "wheel"
-            say(f"[{k}/{len(versions)}] {lock.name} {v} ({kind})")
-            art, onto, meta = treecache.release_tree(cg, lock.name, v, kind, lock.sdist_subdir)
-            new_lock = _release_lock(lock, v, art, meta["commit"])
-            outcomes = rebase.classify(sg, project_root, old_base, old_commits, new_lock, onto, kind)
-            deps = pins(meta["requires_dist"], meta["requires_python"], v, lock.name)
-            cells = {}
-            for o, patch in zip(outcomes, project.patches):
-                c = _cell(o, v)
-                sup = supersede.probe(sg, onto, patch, deps)
-                if sup and sup.holds:
-                    c = Cell("superseded", f"superseded by upstream: {sup.evidence}; {sup.switch}", [c.text] + c.details, False)
-                elif sup and sup.evidence:
-                    c.details.append(f"not superseded: {sup.evidence}")
-                cells[o.name] = c
-            human = any(c.needs_human for c in cells.values())
-            verdict = "human" if human else ("nothing" if all(c.status == "exact" for c in cells.values()) else "unattended")
-            rows.append(Row(v, kind, art.filename, art.sha256, new_lock.commit, cells, deps, verdict))
+        _CTX.update(scratch=tmp, root=project_root, project=project, old_base=old_base, old_commits=old_commits, recheck=recheck,
+                    inputs=_inputs(project_root, project, old_base, old_commits, sg))
+        try:
+            if jobs == 1:
+                rows = _classify(items)
+            else:
+                chunks = [items[len(items) * i // jobs : len(items) * (i + 1) // jobs] for i in range(jobs)]
+                with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("fork")) as pool:
+                    rows = [r for part in pool.map(_classify, chunks) for r in part]
+        finally:
+            _CTX.clear()
     return {
         "pinned": {"version": lock.version, "artifact": lock.sdist_filename, "deps": pinned_deps},
         "patches": [e.name for e in project.series.entries],
@@ -242,8 +312,8 @@ def markdown(report: dict, command: str | None = None) -> str:
 
 
 def main(project_root: Path, releases: str | None = None, json_out: str | None = None, md_out: str | None = None,
-         command: str | None = None) -> int:
-    report = run(project_root, releases)
+         command: str | None = None, jobs: int | None = None, recheck: bool = False) -> int:
+    report = run(project_root, releases, jobs, recheck)
     print("\n".join(terminal(report)))
     if json_out:
         data = dict(report, command=command, date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()))
