@@ -19,14 +19,17 @@ kept before it):
 Recorded resolutions live in the project, ``resolutions/<version>/``::
 
     resolutions.toml   [patch."NAME"] action = "replace" | "drop", why = "...",
-                       patch_sha256 = sha256 of the series patch this resolves
+                       patch_sha256 = sha256 of the series patch this resolves,
+                       conflict = the conflict it resolves (see below)
     NAME               for "replace": the patch as it applies to the new upstream
     target.toml        optional recorded pin: tag, commit, sdist_sha256
 
-A recorded resolution is used only for the exact bytes of the patch it was made for; for
-any other version the rebase stops as for a conflict. Patches resolved by hand during a
-rebase (``--continue``) or dropped (``--skip``) are recorded there on success, so the next
-person replays the same rebase with one command.
+A recorded resolution is keyed by the conflict it resolves (``conflict``: files and both sides
+of every conflict region, hashed, like git rerere): any release that shows the same conflict gets
+it offered and merge-checked before use; another conflict refuses it (a record without a key is
+used only for the exact patch bytes, ``patch_sha256``, it was made for). Patches resolved by
+hand during a rebase (``--continue``) or dropped (``--skip``) are recorded there on success, so
+the next person replays the same rebase with one command.
 
 A real rebase builds the new stack off to the side; on a conflict it puts DIR on a detached
 HEAD at the new stack so far, applies the patch with ``git apply --3way`` (markers in place)
