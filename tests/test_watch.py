@@ -153,3 +153,33 @@ def test_watch_cli_matrix_json_markdown(trees, tmp_path):
     assert data["rows"][0]["deps"]["torch"] == "==2.13.0" and data["pinned"]["deps"]["torch"] == "==2.9.1"
     md = out_md.read_text()
     assert "| release | source | P1 | P2 | P3 | P4 | verdict |" in md and "superseded by upstream" in md
+
+
+def test_second_run_reuses_the_classification_recheck_and_new_inputs_redo_it(trees, tmp_path, monkeypatch):
+    project = copy_project(tmp_path / "project")
+    spec = "0.5.10.post1..0.5.10.post1"
+    first = watch.run(project, spec, recheck=True)
+    calls = []
+    real = rebase.classify
+    monkeypatch.setattr(rebase, "classify", lambda *a, **k: calls.append(1) or real(*a, **k))
+    assert watch.run(project, spec)["rows"] == first["rows"] and calls == []  # same inputs, same tree: reused
+    assert watch.run(project, spec, recheck=True)["rows"] == first["rows"] and calls == [1]
+    toml = project / "resolutions" / "0.5.10.post1" / "resolutions.toml"
+    toml.write_text(toml.read_text() + "\n# another resolution file: another input\n")
+    assert watch.run(project, spec)["rows"] == first["rows"] and calls == [1, 1]
+
+
+def test_dry_run_takes_the_tree_from_the_cache(trees, tmp_path):
+    """The dry run's registry trees are the cached ones (nothing unpacked again), byte for byte
+    the tree a real rebase commits (up.build_registry)."""
+    lock = up.target_lock(Lock.parse((ROOT / "upstream.lock").read_text(), "lock"), WHEEL, "wheel", ls_remote=False)
+    g = Git(tmp_path / "scratch")
+    g.workdir.mkdir()
+    g.run("init", "-q", "--bare")
+    cached = treecache.registry_commit(g, lock)
+    assert cached == trees[WHEEL][1]
+    w = Git(tmp_path / "real")
+    w.workdir.mkdir()
+    w.run("init", "-q")
+    built = up.build_registry(w, lock)
+    assert w.tree_of(built) == g.tree_of(cached)
