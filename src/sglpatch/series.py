@@ -221,7 +221,9 @@ def parse_patch(name: str, data: bytes, strip: int = 1) -> PatchFile:
     diffs = parse_diff(name, data, "\n".join(lines[diff_start:]), strip)
     files: list[str] = []
     for d in diffs:
-        files += [p for p in (d.old, d.new) if p is not None and p not in files]
+        for p in (d.old, d.new):
+            if p is not None and p not in files:  # once each (a modification has old == new)
+                files.append(p)
     if not files:
         raise SeriesError(f"patch {name} touches no files")
     return PatchFile(name=name, data=data, subject=subject, dep3=dep3, files=files, diffs=diffs, strip=strip)
