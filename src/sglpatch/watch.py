@@ -134,7 +134,7 @@ def _classify(items: list[tuple]) -> list[Row]:
     rows = []
     for v, kind, art, onto, meta in items:
         new_lock = _release_lock(lock, v, art, meta["commit"])
-        key = hashlib.sha256(f"{c['inputs']} {v} {kind} {sg.tree_of(onto)}".encode()).hexdigest()
+        key = hashlib.sha256(f"{c['inputs']} {v} {kind} {art.sha256} {meta['commit']} {sg.tree_of(onto)}".encode()).hexdigest()
         done = {} if c["recheck"] else treecache.load_facts("outcomes", key)
         if "outcomes" in done:
             outcomes = [rebase.Outcome(**d) for d in done["outcomes"]]
