@@ -17,7 +17,8 @@ wants_help() {
 # check_values NAME ARGS...: every option that takes a value has one (not missing, not empty,
 # not the next option), before a lone "--"; else one line on stderr and exit 2.
 VALUE_OPTS=" --workdir --project --python --source --onto --commit --upstream-url --profile --report \
---baseline --tier --good --bad --timeout --on-timeout --log-dir --installer --probe-timeout --venv --release-artifact "
+--baseline --tier --good --bad --timeout --on-timeout --log-dir --installer --probe-timeout --venv --release-artifact \
+--releases --json --markdown --jobs "
 check_values() {
   local me="$1"; shift
   while [ $# -gt 0 ]; do

@@ -107,6 +107,7 @@ def test_committed_patches_have_dep3_headers(project_root):
             assert patch.dep3.get(field), f"{entry.name} lacks {field}"
         assert patch.subject and not patch.subject.startswith("[PATCH")
         assert all(f.startswith("python/") for f in patch.files)
+        assert len(patch.files) == len(set(patch.files)), patch.files  # a modified file once, not as old and new side
 
 
 @pytest.mark.parametrize(

@@ -70,6 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     # --- rebase (owner: rebase helper) -------------------------------------
     _add_rebase(sub)
+    _add_watch(sub)
     for action in sub._choices_actions:  # every command: defaults shown, its summary on top
         p = sub.choices[action.dest]
         p.formatter_class = _Help
@@ -340,7 +341,7 @@ def _add_rebase(sub) -> None:
     )
     _add_workdir(p)
     p.add_argument("--onto", metavar="VERSION|TAG|COMMIT", help="target release: 0.5.10.post1, v0.5.10.post1, or a tagged commit (git)")
-    p.add_argument("--source", choices=["git", "sdist"], default="sdist", help="where the new upstream tree comes from")
+    _add_rebase_source(p)
     p.add_argument("--upstream-url", help="override upstream.url (a mirror); https, ssh or file URLs only")
     p.add_argument("--commit", help="the target's commit id when neither the sdist, a recorded pin nor the network says it")
     mode = p.add_mutually_exclusive_group()
@@ -380,6 +381,40 @@ def _add_rebase(sub) -> None:
         lines = rebase.start(project, _workdir(args), args.onto, source=args.source, commit=args.commit, url=args.upstream_url)
         print("\n".join(lines))
         return 0
+
+    p.set_defaults(func=run)
+
+
+def _add_rebase_source(p) -> None:
+    p.add_argument(
+        "--source", choices=["auto", "git", "sdist", "wheel"], default="sdist",
+        help="where the new upstream tree comes from; auto: git when it answers, else the sdist, else the wheel (says which)",
+    )
+
+
+def _add_watch(sub) -> None:
+    p = sub.add_parser(
+        "watch",
+        help="upstream watch over every release after the pin: per-patch status matrix and dependency pins",
+        description="Exit codes: 0 the newest release needs nothing or only unattended work; 3 the newest release "
+        "needs a human; 1 an error.",
+    )
+    p.add_argument("--project", help="project root holding series, patches/, upstream.lock (default: found from cwd)")
+    p.add_argument("--releases", metavar="A..B", help="only these releases (inclusive; either side may be empty)")
+    p.add_argument("--json", metavar="FILE", help="also write the matrix as JSON")
+    p.add_argument("--markdown", metavar="FILE", help="also write a markdown report")
+    p.add_argument("--jobs", type=int, metavar="N", help="classify releases in N processes (default: the CPUs, at most 4)")
+    p.add_argument("--recheck", action="store_true", help="classify every release again, also those a run with the same "
+                   "series, resolutions and sglpatch already classified (kept in the tree cache)")
+    p.add_argument("--command-line", help=argparse.SUPPRESS)
+
+    def run(args) -> int:
+        from sglpatch import watch
+
+        if args.jobs is not None and args.jobs < 1:
+            raise SglpatchError("--jobs must be 1 or more")
+        return watch.main(_project(args), releases=args.releases, json_out=args.json, md_out=args.markdown,
+                          command=args.command_line, jobs=args.jobs, recheck=args.recheck)
 
     p.set_defaults(func=run)
 

@@ -221,6 +221,40 @@ class Git:
             raise GitError(f"git {args[0] if args else ''} failed in {self.workdir}: {last[-1] if last else f'exit {rc}'}")
         return out.strip()
 
+    def cat(self, spec: str) -> tuple[str, str, bytes] | None:
+        """(object id, type, content) of spec ("COMMIT:PATH", an object id), None when there is no
+        such object: GitPython's long-running ``git cat-file --batch`` (``repo``) instead of a
+        process per object. A "missing" answer for an object git itself now resolves (it appeared
+        after the batch started) is asked again of a fresh batch."""
+        if "\n" in spec or not spec:
+            raise GitError(f"cannot look up {spec!r}")
+        for fresh in (False, True):
+            try:
+                sha, kind, _size, data = self.repo.git.get_object_data(spec)
+                return sha.decode(), kind.decode(), data
+            except ValueError:  # GitPython: "SHA ... could not be resolved"
+                if fresh:
+                    return None
+                rc, _, _ = self.run("rev-parse", "--verify", "--quiet", "--end-of-options", spec, check=False)
+                if rc != 0:
+                    return None
+                self.repo.git.clear_cache()  # ends the old batch process
+        return None
+
+    def tree_of(self, commit: str) -> str:
+        """The tree id of a commit (or of a tree), through cat()."""
+        got = self.cat(commit)
+        if got is not None and got[1] == "tree":
+            return got[0]
+        if got is not None and got[1] == "commit" and got[2].startswith(b"tree "):
+            return got[2][5:45].decode()
+        return self.run("rev-parse", "--verify", "--end-of-options", f"{commit}^{{tree}}")
+
+    def blob_text(self, commit: str, path: str) -> str | None:
+        """The file at path in commit (None when it is not a file there), through cat()."""
+        got = self.cat(f"{commit}:{path}")
+        return got[2].decode("utf-8", "surrogateescape") if got is not None and got[1] == "blob" else None
+
     # -- queries ------------------------------------------------------------
     def _local_env(self) -> dict[str, str]:
         return {**_base_env(), "GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": os.devnull}
@@ -314,6 +348,13 @@ def patch_paths(patch: bytes, strip: int = 1) -> tuple[list[str], list[str]]:
     the new one for a creation). Runs in / with no repository around it, so that no
     checkout's subdirectory prefixes the paths; nothing is applied (``--numstat``).
     """
+    written, read = _patch_paths(patch, strip)
+    return list(written), list(read)
+
+
+@functools.lru_cache(maxsize=256)
+def _patch_paths(patch: bytes, strip: int) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """patch_paths, once per patch text in a process (errors are not kept: they raise again)."""
     git = Git("/")
     env = {"GIT_CEILING_DIRECTORIES": "/"}
     out = []
@@ -324,4 +365,4 @@ def patch_paths(patch: bytes, strip: int = 1) -> tuple[list[str], list[str]]:
             raise GitError(errors[0].removeprefix("error: ") if errors else f"git apply --numstat: exit {rc}")
         out.append([entry.split("\t", 2)[2] for entry in text.split("\0") if entry])
     written, read = out
-    return written, read[::-1]  # with -R git applies (and lists) the files last to first
+    return tuple(written), tuple(read[::-1])  # with -R git applies (and lists) the files last to first

@@ -7,11 +7,11 @@ malformed value is a one-line error naming the field.
     name = "sglang"
     url = "https://github.com/sgl-project/sglang"   # for --source git
     tag = "v0.5.9"
-    commit = "bbe9c7eeb"                             # 7-40 hex; full after `lock --resolve`
+    commit = "bbe9c7eeb"                             # 7-40 hex; full after `lock --resolve`; or "unknown"
     version = "0.5.9"
 
-    [sdist]                                          # for --source sdist
-    filename = "sglang-0.5.9.tar.gz"
+    [sdist]                                          # the registry artifact (--source sdist|wheel)
+    filename = "sglang-0.5.9.tar.gz"                 # or the wheel's name for wheel-only releases
     sha256 = "..."
     subdir = "python"                                # where the sdist sits in the repo
 
@@ -36,6 +36,7 @@ from sglpatch.errors import SglpatchError
 from sglpatch.gitcmd import validate_ref, validate_sha, validate_url
 
 LOCK_NAME = "upstream.lock"
+UNKNOWN_COMMIT = "unknown"  # the release records no commit and GitHub did not answer
 
 _VERSION_RE = re.compile(r"^[0-9]+(\.[0-9]+)*((a|b|rc|\.post|\.dev)[0-9]+)*$")
 _HEX40 = re.compile(r"^[0-9a-f]{40}$")
@@ -76,6 +77,11 @@ class Lock:
     sdist_sha256: str
     sdist_subdir: str
     blobs: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def artifact_kind(self) -> str:
+        """'wheel' when the pinned registry artifact is a wheel (releases without an sdist), else 'sdist'."""
+        return "wheel" if self.sdist_filename.endswith(".whl") else "sdist"
 
     # -- identity -----------------------------------------------------------
     def pin_digest(self) -> str:
@@ -143,15 +149,17 @@ class Lock:
             validate_ref(self.tag, "tag")
         except SglpatchError as e:
             bad("upstream.tag", f"is not acceptable: {e}")
-        try:
-            validate_sha(self.commit)
-        except SglpatchError:
-            bad("upstream.commit", f"is {self.commit!r}; expected 7-40 lowercase hex digits")
+        if self.commit != UNKNOWN_COMMIT:
+            try:
+                validate_sha(self.commit)
+            except SglpatchError:
+                bad("upstream.commit", f"is {self.commit!r}; expected 7-40 lowercase hex digits or {UNKNOWN_COMMIT!r}")
         if not _VERSION_RE.match(self.version):
             bad("upstream.version", f"is {self.version!r}; expected a release version such as 0.5.9")
         expected_name = f"{self.name}-{self.version}.tar.gz"
-        if self.sdist_filename != expected_name:
-            bad("sdist.filename", f"is {self.sdist_filename!r}; expected {expected_name!r}")
+        wheel = re.fullmatch(rf"{re.escape(self.name)}-{re.escape(self.version)}-[A-Za-z0-9_.]+-[A-Za-z0-9_.]+-[A-Za-z0-9_.]+\.whl", self.sdist_filename)
+        if self.sdist_filename != expected_name and not wheel:
+            bad("sdist.filename", f"is {self.sdist_filename!r}; expected {expected_name!r} or a wheel of {self.name} {self.version}")
         if not _HEX64.match(self.sdist_sha256):
             bad("sdist.sha256", "must be 64 lowercase hex digits")
         try:

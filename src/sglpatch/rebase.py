@@ -19,14 +19,17 @@ kept before it):
 Recorded resolutions live in the project, ``resolutions/<version>/``::
 
     resolutions.toml   [patch."NAME"] action = "replace" | "drop", why = "...",
-                       patch_sha256 = sha256 of the series patch this resolves
+                       patch_sha256 = sha256 of the series patch this resolves,
+                       conflict = the conflict it resolves (see below)
     NAME               for "replace": the patch as it applies to the new upstream
     target.toml        optional recorded pin: tag, commit, sdist_sha256
 
-A recorded resolution is used only for the exact bytes of the patch it was made for; for
-any other version the rebase stops as for a conflict. Patches resolved by hand during a
-rebase (``--continue``) or dropped (``--skip``) are recorded there on success, so the next
-person replays the same rebase with one command.
+A recorded resolution is keyed by the conflict it resolves (``conflict``: files and both sides
+of every conflict region, hashed, like git rerere): any release that shows the same conflict gets
+it offered and merge-checked before use; another conflict refuses it (a record without a key is
+used only for the exact patch bytes, ``patch_sha256``, it was made for). Patches resolved by
+hand during a rebase (``--continue``) or dropped (``--skip``) are recorded there on success, so
+the next person replays the same rebase with one command.
 
 A real rebase builds the new stack off to the side; on a conflict it puts DIR on a detached
 HEAD at the new stack so far, applies the patch with ``git apply --3way`` (markers in place)
@@ -56,13 +59,13 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-from sglpatch import stack
+from sglpatch import mergecheck, stack, treecache
 from sglpatch import upstream as up
 from sglpatch.errors import SglpatchError, say
 from sglpatch.fsutil import crashpoint, exclusive, write_if_changed
 from sglpatch.gitcmd import FIXED_DATE, Git
 from sglpatch.lock import Lock, write_lock
-from sglpatch.series import PATCH_DIR, SERIES_NAME, Entry, PatchFile, parse_patch, read_series
+from sglpatch.series import PATCH_DIR, SERIES_NAME, Entry, PatchFile, hunks_by_path, parse_patch, read_series
 
 RESOLUTIONS_DIR = "resolutions"
 REPORTS_DIR = "rebase-reports"
@@ -138,26 +141,36 @@ def _table(outcomes: list[Outcome]) -> list[str]:
 
 
 def _tree(git: Git, commit: str) -> str:
-    return git.run("rev-parse", f"{commit}^{{tree}}")
+    return git.tree_of(commit)
 
 
 def _blob(git: Git, commit: str, path: str) -> str | None:
-    rc, out, _ = git.run("cat-file", "blob", f"{commit}:{path}", check=False, strip=False)
-    return out if rc == 0 else None
+    return git.blob_text(commit, path)
 
 
 def _fixed_commit(git: Git, tree: str, parents: list[str], message: str) -> str:
-    args = ["commit-tree", tree]
-    for p in parents:
-        args += ["-p", p]
-    return git.run(*args, input=message, env={"GIT_AUTHOR_DATE": FIXED_DATE, "GIT_COMMITTER_DATE": FIXED_DATE})
+    key = (str(git.workdir), tree, tuple(parents), message)  # fixed identity and dates: the same id every time
+    if key not in _FIXED:
+        args = ["commit-tree", tree]
+        for p in parents:
+            args += ["-p", p]
+        _FIXED[key] = git.run(*args, input=message, env={"GIT_AUTHOR_DATE": FIXED_DATE, "GIT_COMMITTER_DATE": FIXED_DATE})
+    return _FIXED[key]
+
+
+_FIXED: dict[tuple, str] = {}
+
+
+_LIKE: dict[tuple, tuple[str, str, str, str]] = {}  # (repository, commit) -> author name, email, date, message
 
 
 def _commit_like(git: Git, tree: str, parent: str, like: str) -> str:
     """A commit of tree on parent with the message and author of commit `like` (as git am would)."""
-    fmt = git.run("log", "-1", "--format=%an%x00%ae%x00%aI", like)
-    name, email, date = fmt.split("\0")
-    message = git.run("log", "-1", "--format=%B", like, strip=False)
+    key = (str(git.workdir), like)
+    if key not in _LIKE:
+        fmt = git.run("log", "-1", "--format=%an%x00%ae%x00%aI", like)
+        _LIKE[key] = (*fmt.split("\0"), git.run("log", "-1", "--format=%B", like, strip=False))
+    name, email, date, message = _LIKE[key]
     env = {
         "GIT_AUTHOR_NAME": name,
         "GIT_AUTHOR_EMAIL": email,
@@ -198,6 +211,25 @@ def _with_temp_index(git: Git, base: str, fn):
         return fn(env, Path(tmp))
 
 
+def _new_sides_present(git: Git, head: str, patch: PatchFile, strip: int) -> bool:
+    """Whether every hunk's new side (context and added lines) is somewhere in head's file:
+    without that, the patch cannot reverse-apply (git apply takes no fuzz), and git need not
+    be asked."""
+    diffs = patch.diffs if strip == patch.strip else parse_patch(patch.name, patch.data, strip).diffs
+    for d in diffs:
+        if d.new is None:
+            continue  # a deleted file: git decides
+        text = _blob(git, head, d.new)
+        if text is None:
+            return False
+        lines = text.split("\n")
+        for h in d.hunks:
+            k = len(h.new_lines)
+            if k and not any(lines[i : i + k] == h.new_lines for i in range(len(lines) - k + 1)):
+                return False
+    return True
+
+
 def _reverse_applies(git: Git, head: str, data: bytes, strip: int) -> bool:
     def go(env, tmp):
         pf = tmp / "patch"
@@ -225,7 +257,7 @@ def _conflict_regions(git: Git, tree: str, path: str) -> list[str]:
 def _failing_hunks(git: Git, head: str, patch: PatchFile, strip: int) -> list[str]:
     """Hunks of the patch whose old lines are nowhere in the new tree."""
     out = []
-    for path, hunks in stack._parse_hunks(patch, strip).items():
+    for path, hunks in hunks_by_path(patch, strip).items():
         text = _blob(git, head, path)
         if text is None:
             out.append(f"{path}: file is gone from the new upstream")
@@ -242,54 +274,63 @@ def _failing_hunks(git: Git, head: str, patch: PatchFile, strip: int) -> list[st
 # "same behaviour": normalized AST, or the same trace against recording stand-ins
 
 
-class _Norm(ast.NodeTransformer):
-    """Drop docstrings, annotations and string literals (messages), keep the logic."""
-
-    def _body(self, node):
-        body = node.body
-        if body and isinstance(body[0], ast.Expr) and isinstance(getattr(body[0], "value", None), ast.Constant):
-            if isinstance(body[0].value.value, str):
-                body = body[1:] or [ast.Pass()]
-        node.body = body
-        return node
-
-    def visit_FunctionDef(self, node):
-        node = self._body(node)
-        node.returns = None
-        node.type_comment = None
-        self.generic_visit(node)
-        return node
-
-    visit_AsyncFunctionDef = visit_FunctionDef
-
-    def visit_ClassDef(self, node):
-        node = self._body(node)
-        self.generic_visit(node)
-        return node
-
-    def visit_arg(self, node):
-        node.annotation = None
-        node.type_comment = None
-        return node
-
-    def visit_AnnAssign(self, node):
-        self.generic_visit(node)
-        node.annotation = ast.Constant(value=None)
-        return node
-
-    def visit_Constant(self, node):
-        if isinstance(node.value, str):
-            return ast.Constant(value="")
-        return node
-
-    def visit_JoinedStr(self, node):
-        return ast.Constant(value="")
+def _doc_stripped(body: list) -> list:
+    """A body without its docstring (a lone docstring becomes `pass`)."""
+    if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str):
+        return body[1:] or [ast.Pass()]
+    return body
 
 
-def _norm_dump(node: ast.AST) -> str:
-    import copy
+def _emit(x, out: list, bodies: dict) -> None:
+    """The normalized dump: docstrings, annotations and string literals (messages) dropped,
+    the logic kept; bodies: id(node) -> the body to use instead (shells, remainders). Reads
+    the tree without copying or changing it."""
+    if isinstance(x, list):
+        out.append("[")
+        for y in x:
+            _emit(y, out, bodies)
+            out.append(",")
+        out.append("]")
+        return
+    if not isinstance(x, ast.AST):
+        out.append(repr(x))
+        return
+    if isinstance(x, ast.JoinedStr) or isinstance(x, ast.Constant) and isinstance(x.value, str):
+        out.append("Constant('')")
+        return
+    if isinstance(x, ast.Constant):
+        out.append(f"Constant({x.value!r})")
+        return
+    out.append(type(x).__name__ + "(")
+    fn = isinstance(x, (ast.FunctionDef, ast.AsyncFunctionDef))
+    for f in x._fields:
+        v = getattr(x, f, None)
+        if f == "body" and isinstance(x, (ast.Module, ast.ClassDef)):
+            v = bodies.get(id(x), v)
+        if f == "body" and (fn or isinstance(x, ast.ClassDef)):
+            v = _doc_stripped(v)
+        elif (fn and f in ("returns", "type_comment")) or (isinstance(x, ast.arg) and f in ("annotation", "type_comment")):
+            v = None
+        elif isinstance(x, ast.AnnAssign) and f == "annotation":
+            out.append("annotation=Constant(None),")
+            continue
+        out.append(f + "=")
+        _emit(v, out, bodies)
+        out.append(",")
+    out.append(")")
 
-    return ast.dump(_Norm().visit(copy.deepcopy(node)), annotate_fields=True, include_attributes=False)
+
+def _norm_dump(node: ast.AST, bodies: dict | None = None) -> str:
+    out: list[str] = []
+    _emit(node, out, bodies or {})
+    return "".join(out)
+
+
+@functools.lru_cache(maxsize=64)
+def _parse(text: str) -> ast.Module:
+    """Parsed once per text in a run (the same upstream file is read for several patches);
+    callers must not change the tree."""
+    return ast.parse(text)
 
 
 _DEF = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
@@ -312,22 +353,22 @@ def _defs(tree: ast.Module) -> dict[str, ast.AST]:
 
 
 def _class_shell(node: ast.ClassDef) -> str:
-    import copy
-
-    c = copy.deepcopy(node)
-    c.body = [n for n in c.body if not isinstance(n, _DEF)] or [ast.Pass()]
-    return _norm_dump(c)
+    return _norm_dump(node, {id(node): [n for n in node.body if not isinstance(n, _DEF)] or [ast.Pass()]})
 
 
+@functools.lru_cache(maxsize=8192)
 def _fingerprint(node: ast.AST) -> str:
     return _class_shell(node) if isinstance(node, ast.ClassDef) else _norm_dump(node)
 
 
 def _remainder(tree: ast.Module, drop: set[str]) -> str:
     """The module without the defs in drop, without imports: what is left to compare."""
-    import copy
+    return _remainder_of(tree, frozenset(drop))
 
-    t = copy.deepcopy(tree)
+
+@functools.lru_cache(maxsize=256)
+def _remainder_of(tree: ast.Module, drop: frozenset[str]) -> str:
+    bodies: dict[int, list] = {}
 
     def strip(body, prefix):
         out = []
@@ -336,17 +377,15 @@ def _remainder(tree: ast.Module, drop: set[str]) -> str:
                 continue
             if isinstance(node, _DEF):
                 q = f"{prefix}{node.name}"
-                if q in drop and not isinstance(node, ast.ClassDef):
+                if q in drop:
                     continue
                 if isinstance(node, ast.ClassDef):
-                    if q in drop:
-                        continue
-                    node.body = strip(node.body, q + ".") or [ast.Pass()]
+                    bodies[id(node)] = strip(node.body, q + ".") or [ast.Pass()]
             out.append(node)
         return out
 
-    t.body = strip(t.body, "")
-    return _norm_dump(t)
+    bodies[id(tree)] = strip(tree.body, "")
+    return _norm_dump(tree, bodies)
 
 
 class _Trace:
@@ -448,19 +487,22 @@ def _compile_methods(cls: ast.ClassDef | None, funcs: list[ast.AST], g: _Globals
     nodes = [n for n in (cls.body if cls else funcs) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
     out = {}
     for n in nodes:
-        n = copy.deepcopy(n)
         if any(not (isinstance(d, ast.Name) and d.id in ("staticmethod",)) for d in n.decorator_list):
             continue  # properties, caches, ...: not traced
-        n.decorator_list = []
-        for a in n.args.args + n.args.kwonlyargs + n.args.posonlyargs:
-            a.annotation = None
-        n.returns = None
-        mod = ast.Module(body=[n], type_ignores=[])
-        ast.fix_missing_locations(mod)
-        ns = g
-        exec(compile(mod, "<sglpatch-trace>", "exec"), ns)
-        out[n.name] = ns.pop(n.name)
+        if n not in _CODE:  # compiled once per def (the traces run it many times)
+            c = copy.copy(n)  # shallow: the parsed tree is shared (_parse), the body is only read
+            c.decorator_list, c.returns, c.args = [], None, copy.copy(n.args)
+            for field_ in ("args", "kwonlyargs", "posonlyargs"):
+                setattr(c.args, field_, [copy.copy(a) for a in getattr(n.args, field_)])
+            for a in c.args.args + c.args.kwonlyargs + c.args.posonlyargs:
+                a.annotation = None
+            _CODE[n] = compile(ast.Module(body=[c], type_ignores=[]), "<sglpatch-trace>", "exec")
+        exec(_CODE[n], g)
+        out[n.name] = g.pop(n.name)
     return out
+
+
+_CODE: dict[ast.AST, object] = {}  # def node (kept alive here) -> its code, decorators and annotations dropped
 
 
 def _run_traced(func_node: ast.FunctionDef, cls: ast.ClassDef | None, missing: frozenset[str]):
@@ -529,7 +571,7 @@ def _definitions_present(git: Git, head: str, old_parent: str, old_commit: str, 
         if new_text is None:
             return False, f"{path} is not in the new upstream"
         try:
-            pre, post, new = ast.parse(pre_text), ast.parse(post_text), ast.parse(new_text)
+            pre, post, new = _parse(pre_text), _parse(post_text), _parse(new_text)
         except SyntaxError as e:
             return False, f"{path} does not parse ({e.msg})"
         pre_d, post_d, new_d = _defs(pre), _defs(post), _defs(new)
@@ -573,11 +615,24 @@ def _definitions_present(git: Git, head: str, old_parent: str, old_commit: str, 
     return True, f"every definition it adds is there with the same behaviour ({', '.join(checked)})"
 
 
+def _oid(git: Git, commit: str, path: str) -> str | None:
+    got = git.cat(f"{commit}:{path}")
+    return got[0] if got is not None and got[1] == "blob" else None
+
+
+_DEFS_MEMO: dict[tuple, tuple[bool, str]] = {}
+
+
 def _upstream_evidence(git: Git, head: str, old_parent: str, old_commit: str, entry: Entry, patch: PatchFile) -> str:
     """Why the change is already in head ('' when it is not)."""
-    if _reverse_applies(git, head, patch.data, entry.strip):
+    if _new_sides_present(git, head, patch, entry.strip) and _reverse_applies(git, head, patch.data, entry.strip):
         return "verified: the patch reverse-applies to the new upstream"
-    ok, why = _definitions_present(git, head, old_parent, old_commit, patch)
+    ids = tuple((p, *(_oid(git, c, p) for c in (old_parent, old_commit, head))) for p in patch.files)
+    if all(pre == new for _, pre, _, new in ids):
+        return ""  # the new upstream has the very files the patch was made on: not there
+    if ids not in _DEFS_MEMO:  # the same files give the same answer (the watch meets them in several releases)
+        _DEFS_MEMO[ids] = _definitions_present(git, head, old_parent, old_commit, patch)
+    ok, why = _DEFS_MEMO[ids]
     if ok:
         return f"verified: {why}"
     return ""
@@ -593,6 +648,8 @@ class Recorded:
     why: str
     patch_sha256: str
     data: bytes | None = None
+    conflict: str = ""  # conflict_key() of the conflict it resolves (like git rerere)
+    version: str = ""  # the release it was recorded for
 
 
 def resolutions_dir(project: Path, version: str) -> Path:
@@ -621,7 +678,7 @@ def read_resolutions(project: Path, version: str) -> tuple[dict[str, Recorded], 
                 if not pf.is_file():
                     raise RebaseError(f"{f}: patch {name!r} is 'replace' but {pf} is missing")
                 body = pf.read_bytes()
-            recs[name] = Recorded(action, str(t.get("why", "")).strip(), t["patch_sha256"], body)
+            recs[name] = Recorded(action, str(t.get("why", "")).strip(), t["patch_sha256"], body, str(t.get("conflict", "")), version)
     tf = d / "target.toml"
     if tf.is_file():
         try:
@@ -648,11 +705,54 @@ def write_resolutions(project: Path, version: str, recs: dict[str, Recorded]) ->
     for name in sorted(recs):
         r = recs[name]
         lines += [f"[patch.{_toml_str(name)}]", f"action = {_toml_str(r.action)}", f"patch_sha256 = {_toml_str(r.patch_sha256)}"]
+        if r.conflict:
+            lines.append(f"conflict = {_toml_str(r.conflict)}")
         lines.append(f"why = {_toml_str(r.why)}")
         lines.append("")
         if r.action == "replace" and r.data is not None:
             write_if_changed(d / name, r.data)
     write_if_changed(d / "resolutions.toml", "\n".join(lines).encode())
+
+
+def conflict_key(git: Git, tree: str, files: list[str]) -> str:
+    """The conflict itself, like git rerere: the conflicting files and the text of every
+    conflict region (both sides) of the 3-way result, marker labels dropped, hashed."""
+    h = hashlib.sha256()
+    for path in sorted(files):
+        text = _blob(git, tree, path)
+        h.update(f"{path}\0".encode())
+        if text is None:
+            h.update(b"gone\0")
+            continue
+        inside = False
+        for line in text.split("\n"):
+            if line.startswith("<<<<<<<"):
+                inside = True
+                h.update(b"<<<\n")
+            elif inside and line.startswith((">>>>>>>", "=======", "|||||||")):
+                h.update(line[:3].encode() + b"\n")
+                inside = not line.startswith(">>>>>>>")
+            elif inside:
+                h.update(line.encode() + b"\n")
+    return h.hexdigest()
+
+
+def _rerere(project: Path, name: str, key: str, sha: str, o: Outcome) -> Recorded | None:
+    """A recorded resolution of this patch for the same conflict, from any release's folder."""
+    root = project / RESOLUTIONS_DIR
+    other = None
+    for d in sorted(root.iterdir()) if root.is_dir() else []:
+        if not (d / "resolutions.toml").is_file():
+            continue
+        rec = read_resolutions(project, d.name)[0].get(name)
+        if rec is None:
+            continue
+        if rec.conflict == key or rec.patch_sha256 == sha and not rec.conflict:
+            return rec
+        other = rec
+    if other is not None:
+        o.note = (o.note + "; " if o.note else "") + f"the recorded resolution for {other.version} is for another conflict: not used"
+    return None
 
 
 # --------------------------------------------------------------------------------------
@@ -717,6 +817,10 @@ def _step(
         if clean:
             o.status = "3way"
             new_commit = _commit_like(git, tree, head, old_commit)
+            problems = mergecheck.check(git, old_parent, head, new_commit, patch.files)
+            if problems:  # merged is not working: never carried unattended
+                o.status, o.how, o.hunks = "3way-broken", f"3-way but broken: {problems[0]}", problems
+                o.files = sorted({x.split(":", 1)[0] for x in problems})
         else:
             modified = [f for f in patch.files if _blob(git, old_parent, f) is not None]
             gone = [f for f in modified if _blob(git, head, f) is None]
@@ -728,7 +832,10 @@ def _step(
     if hint:
         o.note = f"Applied-Upstream says {hint!r}, but the change is not in the new tree: kept"
     rec = recs.get(name)
-    if rec is not None and rec.patch_sha256 != plan.sha256s[i]:
+    key = conflict_key(git, tree, o.files) if o.status in ("conflict", "obsolete") else ""
+    if key and (rec is None or rec.patch_sha256 != plan.sha256s[i]):
+        rec = _rerere(Path(plan.project), name, key, plan.sha256s[i], o) or rec
+    if rec is not None and rec.patch_sha256 != plan.sha256s[i] and not (key and rec.conflict == key):
         o.note = (o.note + "; " if o.note else "") + (
             f"the recorded resolution in {RESOLUTIONS_DIR}/ is for another version of this patch: not used"
         )
@@ -744,12 +851,18 @@ def _step(
             o.action = "stop"
             o.note = (o.note + "; " if o.note else "") + f"the recorded resolution no longer applies ({e})"
             return o
+        problems = mergecheck.check(git, old_parent, head, new_commit, rp.files)
+        if problems:
+            o.action = "stop"
+            o.hunks = o.hunks + problems
+            o.note = (o.note + "; " if o.note else "") + f"the recorded resolution applies but is broken on this upstream: {problems[0]}"
+            return o
         o.action = "recorded"
-        o.how = f"recorded resolution {RESOLUTIONS_DIR}/{{version}}/{name}" + (f": {rec.why}" if rec.why else "")
+        o.how = f"recorded resolution {RESOLUTIONS_DIR}/{rec.version or '{version}'}/{name}" + (f": {rec.why}" if rec.why else "")
         o.new_commit = new_commit
         plan.head = new_commit
         return o
-    if o.status in ("conflict", "obsolete"):
+    if o.status in ("conflict", "obsolete", "3way-broken"):
         o.action = "stop"
         return o
     o.action = "keep" if o.status == "exact" else "refresh"
@@ -811,20 +924,36 @@ def _in_sync_stack(git: Git, project: stack.Project) -> tuple[str, list[str]] | 
 
 
 def _build_new_upstream(git: Git, lock: Lock, source: str, url: str | None) -> str:
-    if source == "sdist":
-        commit = up.build_from_sdist(git, lock)
-    elif source == "git":
-        commit = up.build_from_git(git, lock, url)
-    else:
-        raise RebaseError(f"unknown source {source!r}; use git or sdist")
-    return commit
+    if source in ("sdist", "wheel"):
+        return up.build_registry(git, lock)
+    if source == "git":
+        return up.build_from_git(git, lock, url)
+    raise RebaseError(f"unknown source {source!r}; use auto, git, sdist or wheel")
 
 
-def _prepare(git: Git, project_root: Path, onto: str, source: str, commit: str | None, url: str | None, in_sync) -> Plan:
+def _resolve_source(project: stack.Project, onto: str, source: str, url: str | None) -> str:
+    """--source auto: git when the URL answers, else the sdist, else the wheel (says which and why)."""
+    if source != "auto":
+        return source
+    m = up._ONTO_VERSION_RE.match(onto.strip())
+    if not m:
+        return "git"
+    tag = onto if onto.startswith("v") else f"v{m.group(1)}"
+    chosen, why = up.choose_source(url or project.lock.url, tag, project.lock.name, m.group(1))
+    say(f"source: {chosen} ({why})")
+    return chosen
+
+
+def _prepare(git: Git, project_root: Path, onto: str, source: str, commit: str | None, url: str | None, in_sync,
+             cached: bool = False) -> Plan:
+    """cached (dry runs): registry trees come from the tree cache (sglpatch.treecache), which git
+    (a scratch repository) then borrows; a real rebase commits them into the workdir."""
     project = stack.Project.load(project_root)
+    source = _resolve_source(project, onto, source, url)
+    registry = treecache.registry_commit if cached else up.build_registry
     if in_sync is None:
         say(f"building the current stack on {project.lock.describe()} to compare against")
-        old_base = up.build_from_sdist(git, project.lock) if source == "sdist" else up.build_from_git(git, project.lock, url)
+        old_base = up.build_from_git(git, project.lock, url) if source == "git" else registry(git, project.lock)
         up.verify_blobs(git, old_base, project.lock, source)
         old_commits = stack.build_chain(git, project, old_base, progress=False)
     else:
@@ -837,7 +966,7 @@ def _prepare(git: Git, project_root: Path, onto: str, source: str, commit: str |
     if new_lock.pin_digest() == project.lock.pin_digest():
         raise RebaseError(f"the series is already pinned to {new_lock.describe()}; nothing to rebase")
     t0 = time.monotonic()
-    onto_commit = _build_new_upstream(git, new_lock, source, url)
+    onto_commit = registry(git, new_lock) if cached and source in ("sdist", "wheel") else _build_new_upstream(git, new_lock, source, url)
     say(f"new upstream {new_lock.describe()} ready from {source} in {time.monotonic() - t0:.1f}s")
     return Plan(
         project=str(project_root),
@@ -852,6 +981,22 @@ def _prepare(git: Git, project_root: Path, onto: str, source: str, commit: str |
         onto=onto_commit,
         head=onto_commit,
     )
+
+
+def classify(git: Git, project_root: Path, old_base: str, old_commits: list[str], new_lock: Lock, onto: str, source: str) -> list[Outcome]:
+    """Classify every patch of the project's series on `onto` (dry run; the watch calls this
+    once per release with the old stack built once). git must hold all of these objects."""
+    project = stack.Project.load(project_root)
+    plan = Plan(
+        project=str(project_root), source=source, old_lock=project.lock.dumps(), new_lock=new_lock.dumps(),
+        old_base=old_base, old_commits=list(old_commits), names=[e.name for e in project.series.entries],
+        strips=[e.strip for e in project.series.entries], sha256s=[hashlib.sha256(p.data).hexdigest() for p in project.patches],
+        onto=onto, head=onto,
+    )
+    outcomes = _run_steps(git, plan, dry_run=True)
+    for o in outcomes:
+        o.how = o.how.replace("{version}", new_lock.version)
+    return outcomes
 
 
 # --------------------------------------------------------------------------------------
@@ -886,7 +1031,7 @@ def dry_run(
                 objects = (Path(workdir) / ".git" / "objects").resolve()
                 (scratch / "objects" / "info").mkdir(parents=True, exist_ok=True)
                 (scratch / "objects" / "info" / "alternates").write_text(f"{objects}\n")
-        plan = _prepare(sg, project_root, onto, source, commit, url, in_sync)
+        plan = _prepare(sg, project_root, onto, source, commit, url, in_sync, cached=True)
         outcomes = _run_steps(sg, plan, dry_run=True)
     new_lock = Lock.parse(plan.new_lock, "target")
     if any(o.action == "stop" for o in outcomes):
@@ -1186,7 +1331,9 @@ def _changelog_section(old: Lock, new: Lock, source: str, outcomes: list[Outcome
     lines = [
         f"## Rebase onto sglang {new.version} (from {old.version}) - {today}",
         "",
-        f"- Target: {new.name} {new.version}, tag {new.tag}, commit {new.commit}, sdist sha256 {new.sdist_sha256} (source: {source}).",
+        f"- Target: {new.name} {new.version}, tag {new.tag}, commit {new.commit}, {new.artifact_kind} {new.sdist_filename} sha256 "
+        f"{new.sdist_sha256} (source: {source})."
+        + (" The release records no commit and GitHub did not answer: the pin says commit = unknown." if new.commit == "unknown" else ""),
     ]
     for o in outcomes:
         if o.action in ("drop", "recorded-drop", "skip"):

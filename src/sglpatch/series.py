@@ -42,6 +42,7 @@ KNOWN_DEP3 = (
     "Acked-by",
     "Last-Update",
     "Applied-Upstream",
+    "X-Superseded-By",  # sglpatch: how to recognise upstream's replacement (sglpatch.supersede)
 )
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+/-]*$")
 
@@ -140,6 +141,7 @@ class Hunk:
     old_start: int  # 1-based line in the old file where old_lines must sit
     old_lines: list[str]  # context and removed lines, without their newline
     header: str  # "@@ -a,b +c,d @@"
+    new_lines: list[str] = field(default_factory=list)  # context and added lines, without their newline
 
 
 @dataclass
@@ -219,7 +221,9 @@ def parse_patch(name: str, data: bytes, strip: int = 1) -> PatchFile:
     diffs = parse_diff(name, data, "\n".join(lines[diff_start:]), strip)
     files: list[str] = []
     for d in diffs:
-        files += [p for p in (d.old, d.new) if p is not None and p not in files]
+        for p in (d.old, d.new):
+            if p is not None and p not in files:  # once each (a modification has old == new)
+                files.append(p)
     if not files:
         raise SeriesError(f"patch {name} touches no files")
     return PatchFile(name=name, data=data, subject=subject, dep3=dep3, files=files, diffs=diffs, strip=strip)
@@ -266,6 +270,7 @@ def parse_diff(name: str, data: bytes, diff_text: str, strip: int) -> list[FileD
                 old_start=h.source_start if h.source_length else h.source_start + 1,
                 old_lines=[ln.value[:-1] if ln.value.endswith("\n") else ln.value for ln in h.source_lines()],
                 header=f"@@ -{h.source_start},{h.source_length} +{h.target_start},{h.target_length} @@",
+                new_lines=[ln.value[:-1] if ln.value.endswith("\n") else ln.value for ln in h.target_lines()],
             )
             for h in f
         ]

@@ -165,14 +165,11 @@ def _record(git: Git, digest: str, head: str) -> None:
 # applying one patch exactly
 
 
-_parse_hunks = hunks_by_path  # the name rebase.py calls
-
-
 def check_exact(git: Git, base: str, patch: PatchFile, strip: int) -> None:
     """Every hunk's old lines must sit exactly where the hunk says: no offset, no fuzz."""
     for path, hunks in hunks_by_path(patch, strip).items():
-        rc, content, _ = git.run("cat-file", "blob", f"{base}:{path}", check=False, strip=False)
-        if rc != 0:
+        content = git.blob_text(base, path)
+        if content is None:
             raise ApplyError(
                 f"patch {patch.name}: {path} does not exist in the tree it applies to; "
                 f"check the patch's -p level in {SERIES_NAME} (it is -p{strip}) and that it was made against {base[:12]}'s release"
@@ -198,6 +195,9 @@ def check_exact(git: Git, base: str, patch: PatchFile, strip: int) -> None:
             )
 
 
+_MESSAGES: dict[bytes, tuple[dict, str]] = {}  # patch bytes -> (mailinfo fields, commit message)
+
+
 def commit_patch(git: Git, base: str, entry: Entry, patch: PatchFile, exact: bool = True) -> str:
     """Apply patch on top of base off to the side; return the new commit (git am's message and author)."""
     if exact:
@@ -215,11 +215,13 @@ def commit_patch(git: Git, base: str, entry: Entry, patch: PatchFile, exact: boo
             last = [line for line in err.strip().splitlines() if line.strip()]
             raise ApplyError(f"patch {patch.name} does not apply: {last[-1] if last else 'git apply failed'}")
         tree = git.run("write-tree", env=env)
-        info = git.run("mailinfo", "-u", str(tmpd / "msg"), str(tmpd / "diff"), input=patch.data)
-        body = (tmpd / "msg").read_text(encoding="utf-8")
-    fields = dict(line.split(": ", 1) for line in info.splitlines() if ": " in line)
-    subject = fields.get("Subject", patch.subject)
-    message = git.run("stripspace", input=f"{subject}\n\n{body}", strip=False)
+        if patch.data not in _MESSAGES:  # the same patch gives the same message (the watch applies it per release)
+            info = git.run("mailinfo", "-u", str(tmpd / "msg"), str(tmpd / "diff"), input=patch.data)
+            body = (tmpd / "msg").read_text(encoding="utf-8")
+            fields = dict(line.split(": ", 1) for line in info.splitlines() if ": " in line)
+            subject = fields.get("Subject", patch.subject)
+            _MESSAGES[patch.data] = (fields, git.run("stripspace", input=f"{subject}\n\n{body}", strip=False))
+    fields, message = _MESSAGES[patch.data]
     env = {
         "GIT_AUTHOR_NAME": fields.get("Author", "unknown"),
         "GIT_AUTHOR_EMAIL": fields.get("Email", "unknown@localhost"),

@@ -25,7 +25,8 @@ from pathlib import Path
 from sglpatch.errors import SglpatchError, say
 from sglpatch.fsutil import crashpoint
 from sglpatch.gitcmd import FIXED_DATE, Git, validate_ref, validate_url
-from sglpatch.lock import Lock, LockError, sha256_file
+from sglpatch import artifacts
+from sglpatch.lock import UNKNOWN_COMMIT, Lock, LockError, sha256_file
 
 UPSTREAM_BRANCH = "upstream"
 PIN_TRAILER = "Sglpatch-Pin"
@@ -204,9 +205,40 @@ def build_from_sdist(git: Git, lock: Lock, python: str | None = None) -> str:
         return _commit_tree(git, root, message)
 
 
+def build_from_wheel(git: Git, lock: Lock, python: str | None = None) -> str:
+    """The wheel's sglang/ under python/sglang/: exactly the files the wheel ships, minus dist-info."""
+    art, path = artifacts.fetch(lock.name, lock.version, "wheel", python, expect_sha256=lock.sdist_sha256)
+    if art.filename != lock.sdist_filename:
+        raise LockError(f"upstream.lock: field sdist.filename is {lock.sdist_filename} but the index's wheel is {art.filename}")
+    with tempfile.TemporaryDirectory(prefix="sglpatch-wheel-", dir=scratch_dir(git)) as tmp:
+        root = Path(tmp)
+        say(f"extracting sglang/ of {path.name} under {lock.sdist_subdir}/")
+        try:
+            artifacts.extract_wheel(path, root / lock.sdist_subdir)
+        except OSError as e:
+            raise SglpatchError(f"cannot extract {path.name} into {git.workdir}: {e.strerror}; free space there and re-run") from None
+        recorded = artifacts.recorded_commit(path)
+        if recorded and lock.commit != UNKNOWN_COMMIT and not _commits_match(recorded, lock.commit):
+            raise LockError(f"upstream.lock: field upstream.commit ({lock.commit}) does not match the wheel's _version.py commit ({recorded})")
+        message = (
+            f"{lock.name} {lock.version} from the registry wheel\n\n"
+            f"wheel {lock.sdist_filename} sha256 {lock.sdist_sha256}, sglang/ extracted under {lock.sdist_subdir}/;\n"
+            f"upstream {lock.url} {lock.tag} ({lock.commit}).\n\n"
+            f"Sglpatch-Source: wheel\n{PIN_TRAILER}: {lock.pin_digest()}\n"
+        )
+        return _commit_tree(git, root, message)
+
+
+def build_registry(git: Git, lock: Lock, python: str | None = None) -> str:
+    """The lock's registry artifact (sdist, or the wheel for wheel-only releases) as a commit."""
+    return build_from_wheel(git, lock, python) if lock.artifact_kind == "wheel" else build_from_sdist(git, lock, python)
+
+
 def build_from_git(git: Git, lock: Lock, url: str | None = None) -> str:
     url = validate_url(url or lock.url)
     tag = validate_ref(lock.tag, "tag")
+    if lock.commit == UNKNOWN_COMMIT:
+        raise SglpatchError(f"upstream.lock records no commit for {tag} (the release records none); use --source sdist or wheel")
     mirror = cache_dir() / "git" / (re.sub(r"[^A-Za-z0-9._-]+", "_", url.rstrip("/"))[-80:] + ".git")
     if not (mirror / "HEAD").exists():
         mirror.mkdir(parents=True, exist_ok=True)
@@ -276,16 +308,19 @@ def materialize(
     git: Git, lock: Lock, source: str, python: str | None = None, url: str | None = None, branch: str = UPSTREAM_BRANCH
 ) -> str:
     """Make ``branch`` the verified pinned tree; returns its commit id. Reuses a matching branch."""
-    if source not in ("git", "sdist"):
-        raise SglpatchError(f"unknown source {source!r}; use git or sdist")
+    if source not in ("git", "sdist", "wheel"):
+        raise SglpatchError(f"unknown source {source!r}; use git, sdist or wheel")
     validate_ref(branch, "branch")
     current = git.rev(branch)
     if current and upstream_pin(git, branch) == lock.pin_digest():
         verify_blobs(git, current, lock, "upstream branch")
         return current
     t0 = time.monotonic()
-    if source == "sdist":
-        commit = build_from_sdist(git, lock, python)
+    if source in ("sdist", "wheel"):
+        if source != lock.artifact_kind:
+            say(f"upstream.lock pins the registry {lock.artifact_kind} ({lock.sdist_filename}); using it")
+            source = lock.artifact_kind
+        commit = build_registry(git, lock, python)
     else:
         commit = build_from_git(git, lock, url)
     verify_blobs(git, commit, lock, source)
@@ -357,14 +392,20 @@ def _ls_remote_tags(url: str, timeout: float = 20.0) -> dict[str, str] | None:
 
 def sdist_commit(tarball: Path) -> str:
     """The commit id the sdist's sglang/_version.py records ('' when it records none)."""
-    with tarfile.open(tarball, "r:gz") as tf:
-        for m in tf.getmembers():
-            parts = m.name.split("/")
-            if parts[1:] == ["sglang", "_version.py"] and m.isfile():
-                text = tf.extractfile(m).read().decode("utf-8", "replace")
-                found = re.search(r"commit_id\s*=\s*['\"]g?([0-9a-f]{7,40})['\"]", text)
-                return found.group(1) if found else ""
-    return ""
+    return artifacts.recorded_commit(tarball)
+
+
+def choose_source(url: str, tag: str, name: str, version: str, timeout: float = 8.0) -> tuple[str, str]:
+    """--source auto: git when the URL answers, else the registry sdist, else the wheel; (source, why)."""
+    ok, why = source_reachable(url, tag, timeout=timeout)
+    if ok:
+        return "git", why
+    offered = artifacts.kinds_offered(name, version)
+    if "sdist" in offered:
+        return "sdist", f"{why}; the registry has the sdist of {version}"
+    if "wheel" in offered:
+        return "wheel", f"{why}; the registry has no sdist of {version}, only wheels"
+    raise SglpatchError(f"{why}, and the registry offers neither an sdist nor a usable wheel of {name} {version}")
 
 
 def target_lock(
@@ -375,15 +416,17 @@ def target_lock(
     commit: str | None = None,
     python: str | None = None,
     url: str | None = None,
+    ls_remote: bool = True,
 ) -> Lock:
     """The Lock for a rebase target, every field filled and checked.
 
     onto: a registry version (0.5.10.post1), a release tag (v0.5.10.post1) or, with the git
-    source, a commit id that a release tag points at (the lock pins releases: tag + sdist).
-    recorded: the project's recorded pin for that version (resolutions/<version>/target.toml:
-    tag, commit, sdist_sha256), which wins over anything looked up here. Without it the sdist
-    sha256 is taken from the registry download (trust on first use) and the commit from the
-    sdist's _version.py, --commit, or `git ls-remote` of the tag.
+    source, a commit id that a release tag points at. The registry artifact is the sdist when
+    the index has one, else the wheel (source "wheel" asks for the wheel); its sha256 is the
+    one the index publishes (a recorded one in resolutions/<version>/target.toml must agree)
+    and the file is verified against it. The commit comes from the recorded pin, --commit, the
+    artifact's _version.py or `git ls-remote` of the tag; when none says it (every release
+    from 0.5.10 on records none) the lock says commit = "unknown".
     """
     onto = onto.strip()
     m = _ONTO_VERSION_RE.match(onto)
@@ -398,7 +441,7 @@ def target_lock(
             raise SglpatchError(f"--onto {onto}: cannot list the tags of {url or current.url}; pass the release tag or version instead")
         hits = sorted(t for t, sha in tags.items() if sha.startswith(onto) and _ONTO_VERSION_RE.match(t))
         if not hits:
-            raise SglpatchError(f"--onto {onto}: no release tag points at this commit; upstream.lock pins releases (tag + sdist)")
+            raise SglpatchError(f"--onto {onto}: no release tag points at this commit; upstream.lock pins releases (tag + artifact)")
         tag = hits[0]
         version = _ONTO_VERSION_RE.match(tag).group(1)
     else:
@@ -407,49 +450,35 @@ def target_lock(
     if recorded.get("version", version) != version:
         raise SglpatchError(f"recorded target pin is for version {recorded['version']}, not {version}")
     tag = recorded.get("tag", tag)
+    kinds = artifacts.kinds_offered(current.name, version)
+    if not kinds:
+        raise SglpatchError(f"the registry offers no sdist and no usable wheel of {current.name} {version}")
+    kind = "wheel" if source == "wheel" or "sdist" not in kinds else "sdist"
+    if kind not in kinds:
+        raise SglpatchError(f"the registry offers no {kind} of {current.name} {version} (it has: {', '.join(kinds)})")
+    art = artifacts.choose(current.name, version, kind)
+    if recorded.get("sdist_sha256") and kind == "sdist" and recorded["sdist_sha256"] != art.sha256:
+        raise LockError(f"{art.filename}: the recorded sha256 {recorded['sdist_sha256']} is not the one the index publishes ({art.sha256})")
     lock = Lock(
-        name=current.name,
-        url=url or current.url,
-        tag=validate_ref(tag, "tag"),
-        commit="0000000",
-        version=version,
-        sdist_filename=f"{current.name}-{version}.tar.gz",
-        sdist_sha256=recorded.get("sdist_sha256", ""),
-        sdist_subdir=current.sdist_subdir,
+        name=current.name, url=url or current.url, tag=validate_ref(tag, "tag"), commit=UNKNOWN_COMMIT, version=version,
+        sdist_filename=art.filename, sdist_sha256=art.sha256, sdist_subdir=current.sdist_subdir,
     )
-    if not lock.sdist_sha256:
-        # trust on first use: the registry's file (or the copy a first download left in the cache)
-        cached = cache_dir() / "sdist" / lock.sdist_filename
-        if cached.is_file():
-            lock.sdist_sha256 = sha256_file(cached)
-        else:
-            with tempfile.TemporaryDirectory() as tmp:
-                proc = subprocess.run(
-                    [python or sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
-                     "--disable-pip-version-check", "-d", tmp, f"{lock.name}=={version}"],
-                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                )
-                got = Path(tmp) / lock.sdist_filename
-                if proc.returncode != 0 or not got.is_file():
-                    last = [line for line in proc.stdout.strip().splitlines() if line.strip()]
-                    raise SglpatchError(f"pip download of {lock.name}=={version} failed ({last[-1] if last else 'no file'})")
-                lock.sdist_sha256 = sha256_file(got)
-                cached.parent.mkdir(parents=True, exist_ok=True)
-                os.replace(got, cached)
-        say(f"sdist {lock.sdist_filename} sha256 {lock.sdist_sha256} (trust on first use; record it in resolutions/{version}/target.toml)")
-    tarball = fetch_sdist(lock, python)  # verifies the sha256
-    in_sdist = sdist_commit(tarball)
-    candidates = [("recorded target pin", recorded.get("commit")), ("--commit", commit), ("the sdist's _version.py", in_sdist)]
+    in_artifact = ""
+    if source != "git":
+        _, path = artifacts.fetch(lock.name, version, kind, python)  # verified against the index
+        in_artifact = artifacts.recorded_commit(path)
+    candidates = [("recorded target pin", recorded.get("commit")), ("--commit", commit), (f"the {kind}'s _version.py", in_artifact)]
     chosen = next(((why, c) for why, c in candidates if c), None)
-    if chosen is None:
+    if chosen is None and (ls_remote or source == "git"):
         tags = _ls_remote_tags(lock.url)
         if tags and tags.get(tag):
             chosen = (f"git ls-remote {lock.url}", tags[tag])
     if chosen is None:
-        raise SglpatchError(
-            f"cannot tell which commit {tag} is: the sdist records none and {lock.url} does not answer; "
-            f"pass --commit SHA (or record it in resolutions/{version}/target.toml)"
-        )
+        if source == "git":
+            raise SglpatchError(f"cannot tell which commit {tag} is and {lock.url} does not answer; use --source sdist or wheel")
+        say(f"{tag}: the {kind} records no commit and {lock.url} does not answer: upstream.commit = {UNKNOWN_COMMIT!r}")
+        lock.validate(f"target {version}")
+        return lock
     for why, c in candidates:
         if c and not _commits_match(c, chosen[1]):
             raise LockError(f"upstream.commit: {why} says {c} but {chosen[0]} says {chosen[1]}")

@@ -1,0 +1,326 @@
+"""Registry artifacts of a release (sdist or wheel): which files the index lists, their
+published sha256, a verified download into the cache, unpacking, and their metadata.
+
+Every artifact, also one found in the cache, is checked against the sha256 the package index
+publishes for it (PEP 691 JSON, or the ``#sha256=`` fragment of the HTML simple page) of the
+index pip is configured with (``PIP_INDEX_URL`` / ``pip config get global.index-url``, else
+PyPI). A mismatch is a one-line error naming the file, and nothing is written.
+"""
+
+from __future__ import annotations
+
+import email.parser
+import json
+import os
+import re
+import subprocess
+import sys
+import tarfile
+import tempfile
+import urllib.parse
+import urllib.request
+import zipfile
+from dataclasses import dataclass
+from functools import lru_cache
+from html.parser import HTMLParser
+from pathlib import Path
+
+from sglpatch.errors import SglpatchError, say
+
+DEFAULT_INDEX = "https://pypi.org/simple"
+WHEEL_PY = "3.11"  # which CPython's wheel to take when a release ships only compiled wheels
+WHEEL_PLATFORM = "manylinux_2_34_x86_64"
+
+
+class ArtifactError(SglpatchError):
+    pass
+
+
+@dataclass(frozen=True)
+class Artifact:
+    filename: str
+    version: str
+    kind: str  # sdist | wheel
+    sha256: str
+    url: str
+
+
+@lru_cache(maxsize=None)
+def index_url() -> str:
+    url = os.environ.get("PIP_INDEX_URL")
+    if not url:
+        try:
+            out = subprocess.run(
+                [sys.executable, "-m", "pip", "config", "get", "global.index-url"], capture_output=True, text=True, timeout=30
+            )
+            url = out.stdout.strip() if out.returncode == 0 else ""
+        except (OSError, subprocess.TimeoutExpired):
+            url = ""
+    return (url or DEFAULT_INDEX).rstrip("/")
+
+
+class _Links(HTMLParser):
+    def __init__(self):
+        super().__init__()
+        self.links: list[tuple[str, str]] = []
+        self._href = None
+
+    def handle_starttag(self, tag, attrs):
+        if tag == "a":
+            self._href = dict(attrs).get("href")
+
+    def handle_data(self, data):
+        if self._href:
+            self.links.append((data.strip(), self._href))
+            self._href = None
+
+
+def _parse_index(name: str, body: bytes, ctype: str, base: str) -> list[dict]:
+    if "json" in ctype:
+        data = json.loads(body)
+        return [{"filename": f["filename"], "sha256": f.get("hashes", {}).get("sha256", ""), "url": f["url"]} for f in data["files"]]
+    p = _Links()
+    p.feed(body.decode("utf-8", "replace"))
+    out = []
+    for text, href in p.links:
+        m = re.search(r"#sha256=([0-9a-f]{64})", href)
+        out.append({"filename": text, "sha256": m.group(1) if m else "", "url": urllib.parse.urljoin(base, href.split("#")[0])})
+    return out
+
+
+def _cache_root() -> Path:
+    from sglpatch.upstream import cache_dir
+
+    return cache_dir()
+
+
+@lru_cache(maxsize=None)
+def index_files(name: str) -> tuple[Artifact, ...]:
+    """Every sdist and wheel the index lists for name (fetched once per process; the last
+    answer is kept in the cache and used, with a warning, when the index does not answer)."""
+    base = f"{index_url()}/{name}/"
+    saved = _cache_root() / "index" / f"{name}.json"
+    try:
+        req = urllib.request.Request(base, headers={"Accept": "application/vnd.pypi.simple.v1+json, text/html;q=0.1"})
+        with urllib.request.urlopen(req, timeout=60) as resp:
+            files = _parse_index(name, resp.read(), resp.headers.get("Content-Type", ""), base)
+        saved.parent.mkdir(parents=True, exist_ok=True)
+        tmp = saved.with_suffix(".tmp")
+        tmp.write_text(json.dumps(files))
+        os.replace(tmp, saved)
+    except (OSError, ValueError) as e:
+        if not saved.is_file():
+            raise ArtifactError(f"cannot read the package index {base} ({e}); check the network / pip index and re-run") from None
+        say(f"the package index {base} does not answer ({e}); using its last answer from {saved}")
+        files = json.loads(saved.read_text())
+    out = []
+    norm = re.sub(r"[-_.]+", "_", name).lower()
+    for f in files:
+        fn = f["filename"]
+        if fn.endswith(".whl"):
+            parts = fn[:-4].split("-")
+            kind, version = "wheel", parts[1] if len(parts) >= 5 else ""
+        elif fn.endswith(".tar.gz"):
+            stem = fn[: -len(".tar.gz")]
+            kind, version = "sdist", stem.rsplit("-", 1)[-1] if "-" in stem else ""
+        else:
+            continue
+        if re.sub(r"[-_.]+", "_", fn.split("-", 1)[0]).lower() != norm or not version:
+            continue
+        out.append(Artifact(fn, version, kind, f.get("sha256", ""), f.get("url", "")))
+    return tuple(out)
+
+
+def releases(name: str, after: str | None = None, upto: str | None = None, first: str | None = None) -> list[str]:
+    """Final releases (no pre/dev) the index offers, ascending; after < v <= upto, or first <= v."""
+    from packaging.version import InvalidVersion, Version
+
+    vs = set()
+    for a in index_files(name):
+        try:
+            v = Version(a.version)
+        except InvalidVersion:
+            continue
+        if not v.is_prerelease and not v.is_devrelease:
+            vs.add(a.version)
+    out = sorted(vs, key=Version)
+    if after:
+        out = [v for v in out if Version(v) > Version(after)]
+    if first:
+        out = [v for v in out if Version(v) >= Version(first)]
+    if upto:
+        out = [v for v in out if Version(v) <= Version(upto)]
+    return out
+
+
+def _wheel_rank(fn: str) -> int | None:
+    tags = fn[:-4].split("-")[-3:]
+    py, abi, plat = tags
+    if plat == "any" and abi == "none" and py.startswith("py3"):
+        return 0
+    want = "cp" + WHEEL_PY.replace(".", "")
+    if "x86_64" in plat and "manylinux" in plat and want in py.split("."):
+        return 1
+    return None
+
+
+def choose(name: str, version: str, kind: str) -> Artifact | None:
+    """The artifact of that kind for version: the sdist; the py3-none-any wheel, else the
+    CPython {WHEEL_PY} manylinux x86_64 one (the .py files are the same in every wheel)."""
+    cands = [a for a in index_files(name) if a.version == version and a.kind == kind]
+    if kind == "wheel":
+        ranked = sorted((r, a.filename, a) for a in cands if (r := _wheel_rank(a.filename)) is not None)
+        return ranked[0][2] if ranked else None
+    return cands[0] if cands else None
+
+
+def kinds_offered(name: str, version: str) -> list[str]:
+    return [k for k in ("sdist", "wheel") if choose(name, version, k) is not None]
+
+
+def sha256_file(path: Path) -> str:
+    from sglpatch.lock import sha256_file as h
+
+    return h(path)
+
+
+def fetch(name: str, version: str, kind: str, python: str | None = None, expect_sha256: str | None = None) -> tuple[Artifact, Path]:
+    """(artifact, path): the index-verified file, from the cache or downloaded with pip."""
+    art = choose(name, version, kind)
+    if art is None:
+        offered = kinds_offered(name, version)
+        raise ArtifactError(f"the index offers no {kind} of {name} {version}" + (f" (it has: {', '.join(offered)})" if offered else ""))
+    if not re.fullmatch(r"[0-9a-f]{64}", art.sha256):
+        raise ArtifactError(f"the index publishes no sha256 for {art.filename}; refusing to use it unverified")
+    if expect_sha256 and expect_sha256 != art.sha256:
+        raise ArtifactError(f"{art.filename}: the recorded sha256 {expect_sha256} is not the one the index publishes ({art.sha256})")
+    cdir = _cache_root() / kind
+    target = cdir / art.filename
+    if target.exists():
+        got = sha256_file(target)
+        if got != art.sha256:
+            raise ArtifactError(
+                f"cached {target} has sha256 {got}, not {art.sha256} as the index publishes for {art.filename}; "
+                "delete it and re-run (nothing was written)"
+            )
+        return art, target
+    cdir.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="sglpatch-dl-", dir=str(cdir)) as tmp:
+        got_path = Path(tmp) / art.filename
+        if kind == "wheel":
+            _pip_wheel(name, version, art, tmp, python)
+        else:
+            # not `pip download --no-binary`: for an sdist pip prepares its metadata, which builds
+            # the build dependencies (Cython, grpcio-tools) from source for minutes
+            _download(art, got_path)
+        got = sha256_file(got_path)
+        if got != art.sha256:
+            raise ArtifactError(f"downloaded {art.filename} has sha256 {got}, not {art.sha256} as the index publishes; nothing was written")
+        os.replace(got_path, target)
+    return art, target
+
+
+def _pip_wheel(name: str, version: str, art: Artifact, tmp: str, python: str | None) -> None:
+    say(f"downloading {art.filename} with pip (your pip configuration applies)")
+    cmd = [python or sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check", "-d", tmp,
+           "--only-binary", ":all:", "--platform", WHEEL_PLATFORM, "--platform", "any",
+           "--python-version", WHEEL_PY, "--implementation", "cp", f"{name}=={version}"]
+    from sglpatch.upstream import _run_showing_lines
+
+    proc = _run_showing_lines(cmd, prefix="  pip: ")
+    if proc.returncode != 0 or not (Path(tmp) / art.filename).is_file():
+        last = [line for line in proc.stdout.strip().splitlines() if line.strip()]
+        raise ArtifactError(
+            f"pip download of {art.filename} failed ({last[-1].strip() if last else 'exit ' + str(proc.returncode)}); "
+            "check the network / pip index and re-run"
+        )
+
+
+def _download(art: Artifact, dest: Path) -> None:
+    say(f"downloading {art.filename} from {urllib.parse.urlsplit(art.url).netloc or 'the index'}")
+    try:
+        with urllib.request.urlopen(art.url, timeout=120) as resp, open(dest, "wb") as f:
+            total, done, shown = int(resp.headers.get("Content-Length") or 0), 0, 0
+            while chunk := resp.read(1 << 20):
+                f.write(chunk)
+                done += len(chunk)
+                if total and done * 4 // total > shown:
+                    shown = done * 4 // total
+                    say(f"  {art.filename}: {done >> 20} of {total >> 20} MiB")
+    except OSError as e:
+        raise ArtifactError(f"download of {art.filename} failed ({e}); check the network / pip index and re-run") from None
+
+
+# --------------------------------------------------------------------------------------
+# unpacking and metadata
+
+
+def extract_wheel(path: Path, dest: Path) -> None:
+    """The wheel's sglang/ package under dest/sglang (dest is the tree's python/ folder);
+    dist-info and anything outside sglang/ are not repository files."""
+    with zipfile.ZipFile(path) as zf:
+        for info in zf.infolist():
+            name = info.filename
+            parts = name.split("/")
+            if parts[0] != "sglang" or name.endswith("/"):
+                continue
+            if name.startswith("/") or ".." in parts or "\\" in name:
+                raise ArtifactError(f"{path.name}: member {name!r} leaves the tree")
+            mode = (info.external_attr >> 16) & 0o170777
+            if mode & 0o170000 == 0o120000:
+                raise ArtifactError(f"{path.name}: member {name!r} is a link; refusing")
+            out = dest / name
+            out.parent.mkdir(parents=True, exist_ok=True)
+            with zf.open(info) as src, open(out, "wb") as f:
+                while chunk := src.read(1 << 20):
+                    f.write(chunk)
+            os.chmod(out, 0o755 if mode & 0o111 else 0o644)
+
+
+def _version_py_commit(text: str) -> str:
+    m = re.search(r"commit_id\s*=\s*['\"]g?([0-9a-f]{7,40})['\"]", text)
+    return m.group(1) if m else ""
+
+
+def recorded_commit(path: Path) -> str:
+    """The commit id sglang/_version.py in the artifact records ('' when None)."""
+    if path.name.endswith(".whl"):
+        with zipfile.ZipFile(path) as zf:
+            try:
+                return _version_py_commit(zf.read("sglang/_version.py").decode("utf-8", "replace"))
+            except KeyError:
+                return ""
+    with tarfile.open(path, "r:gz") as tf:
+        for m in tf.getmembers():
+            if m.name.split("/")[1:] == ["sglang", "_version.py"] and m.isfile():
+                return _version_py_commit(tf.extractfile(m).read().decode("utf-8", "replace"))
+    return ""
+
+
+def metadata(path: Path) -> email.message.Message:
+    """The core metadata (wheel METADATA / sdist PKG-INFO)."""
+    text = ""
+    if path.name.endswith(".whl"):
+        with zipfile.ZipFile(path) as zf:
+            name = next((n for n in zf.namelist() if re.fullmatch(r"[^/]+\.dist-info/METADATA", n)), None)
+            text = zf.read(name).decode("utf-8", "replace") if name else ""
+    else:
+        with tarfile.open(path, "r:gz") as tf:
+            for m in tf.getmembers():
+                if m.name.count("/") == 1 and m.name.endswith("/PKG-INFO") and m.isfile():
+                    text = tf.extractfile(m).read().decode("utf-8", "replace")
+                    break
+    return email.parser.Parser().parsestr(text)
+
+
+def zip_has(path: Path, member: str) -> bool:
+    with zipfile.ZipFile(path) as zf:
+        return member in zf.namelist()
+
+
+def zip_read(path: Path, member: str) -> str | None:
+    with zipfile.ZipFile(path) as zf:
+        try:
+            return zf.read(member).decode("utf-8", "replace")
+        except KeyError:
+            return None

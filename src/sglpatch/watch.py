@@ -1,0 +1,323 @@
+"""`sglpatch watch`: the series against every upstream release after the pin.
+
+One row per release, one column per patch (the classification is rebase's own, see
+``rebase.classify``), plus the release's dependency pins next to the pinned release's.
+Trees are cached (``sglpatch.treecache``): each registry artifact is unpacked once into a
+cache git repository, so a second run only classifies. Output: a terminal table, and optionally JSON and markdown.
+Exit status: 3 when the newest release needs a human, else 0.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import multiprocessing
+import os
+import re
+import sys
+import tempfile
+import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from sglpatch import artifacts, rebase, stack, supersede, treecache
+from sglpatch import upstream as up
+from sglpatch.errors import SglpatchError, say
+from sglpatch.fsutil import write_if_changed
+from sglpatch.gitcmd import Git
+from sglpatch.lock import UNKNOWN_COMMIT, Lock
+
+EXIT_OK = 0
+EXIT_HUMAN = 3
+DEPS = ("torch", "flashinfer-python", "sgl-kernel", "sglang-kernel", "transformers")
+SHORT = {
+    "exact": "exact",
+    "3way": "3-way",
+    "3way-broken": "BROKEN",
+    "conflict": "CONFLICT",
+    "obsolete": "GONE",
+    "upstream": "upstream",
+    "recorded": "recorded",
+    "superseded": "superseded",
+}
+
+
+@dataclass
+class Cell:
+    status: str  # exact | 3way | 3way-broken | conflict | obsolete | upstream | recorded | superseded
+    text: str  # the words the issue uses
+    details: list[str] = field(default_factory=list)
+    needs_human: bool = False
+
+
+@dataclass
+class Row:
+    version: str
+    source: str
+    artifact: str
+    sha256: str
+    commit: str
+    cells: dict[str, Cell]
+    deps: dict[str, str]
+    verdict: str  # nothing | unattended | human
+
+
+def _release_lock(current: Lock, version: str, art: artifacts.Artifact, commit: str) -> Lock:
+    return Lock(name=current.name, url=current.url, tag=f"v{version}", commit=commit or UNKNOWN_COMMIT, version=version,
+                sdist_filename=art.filename, sdist_sha256=art.sha256, sdist_subdir=current.sdist_subdir)
+
+
+# --------------------------------------------------------------------------------------
+# dependency pins
+
+
+def dep_pins(path: Path, version: str, name: str = "sglang") -> dict[str, str]:
+    meta = artifacts.metadata(path)
+    return pins(meta.get_all("Requires-Dist") or [], meta.get("Requires-Python", "") or "", version, name)
+
+
+def pins(requires_dist: list[str], requires_python: str, version: str, name: str = "sglang") -> dict[str, str]:
+    """The dependency pins the watch shows, from the release's core metadata and the index."""
+    out: dict[str, str] = {}
+    for req in requires_dist:
+        if "extra ==" in req:
+            continue
+        m = re.match(r"^\s*([A-Za-z0-9_.-]+)\s*(\[[^\]]*\])?\s*(.*)$", req)
+        dist = re.sub(r"[-_.]+", "-", m.group(1)).lower()
+        if dist in DEPS:
+            out[dist] = (m.group(3).split(";")[0].strip().strip("()") or "any")
+    out["python"] = requires_python or "?"
+    tags = sorted({a.filename[:-4].split("-")[-3] for a in artifacts.index_files(name) if a.version == version and a.kind == "wheel"})
+    out["tags"] = ",".join(tags) or "-"
+    return out
+
+
+# --------------------------------------------------------------------------------------
+# the matrix
+
+
+def _cell(o: rebase.Outcome, version: str) -> Cell:
+    if o.action == "recorded":
+        return Cell("recorded", f"resolved (recorded for {o.how.split('/')[1] if '/' in o.how else version})", [o.how])
+    details = list(o.hunks) or list(o.files)
+    if o.status == "exact":
+        return Cell("exact", "applies exactly")
+    if o.status == "3way":
+        return Cell("3way", "3-way clean")
+    if o.status == "3way-broken":
+        return Cell("3way-broken", o.how, details, True)
+    if o.status == "upstream":
+        return Cell("upstream", "already upstream", [o.how])
+    if o.status == "obsolete":
+        return Cell("obsolete", "target file gone", details, o.action == "stop")
+    text = f"conflict ({', '.join(o.files)})"
+    if o.note:
+        details.append(o.note)
+    return Cell("conflict", text, details, o.action == "stop")
+
+
+def _parse_range(spec: str | None, name: str, pinned: str) -> list[str]:
+    if not spec:
+        return artifacts.releases(name, after=pinned)
+    if ".." not in spec:
+        return [spec]
+    a, b = spec.split("..", 1)
+    return artifacts.releases(name, first=a or None, upto=b or None, after=None if a else pinned)
+
+
+def _classify(items: list[tuple]) -> list[Row]:
+    """Rows for items (version, kind, artifact, tree commit, metadata) in the scratch repository
+    of _CTX; runs in a worker process (its own Git, so its own cat-file) or in this one."""
+    c = _CTX
+    sg, lock, project = Git(c["scratch"]), c["project"].lock, c["project"]
+    rows = []
+    for v, kind, art, onto, meta in items:
+        new_lock = _release_lock(lock, v, art, meta["commit"])
+        key = hashlib.sha256(f"{c['inputs']} {v} {kind} {art.sha256} {meta['commit']} {sg.tree_of(onto)}".encode()).hexdigest()
+        done = {} if c["recheck"] else treecache.load_facts("outcomes", key)
+        if "outcomes" in done:
+            outcomes = [rebase.Outcome(**d) for d in done["outcomes"]]
+        else:
+            outcomes = rebase.classify(sg, c["root"], c["old_base"], c["old_commits"], new_lock, onto, kind)
+            treecache.save_facts("outcomes", key, {"outcomes": [asdict(o) for o in outcomes]})
+        deps = pins(meta["requires_dist"], meta["requires_python"], v, lock.name)
+        cells = {}
+        for o, patch in zip(outcomes, project.patches):
+            cell = _cell(o, v)
+            sup = supersede.probe(sg, onto, patch, deps)
+            if sup and sup.holds:
+                cell = Cell("superseded", f"superseded by upstream: {sup.evidence}; {sup.switch}", [cell.text] + cell.details, False)
+            elif sup and sup.evidence:
+                cell.details.append(f"not superseded: {sup.evidence}")
+            cells[o.name] = cell
+        human = any(x.needs_human for x in cells.values())
+        verdict = "human" if human else ("nothing" if all(x.status == "exact" for x in cells.values()) else "unattended")
+        rows.append(Row(v, kind, art.filename, art.sha256, new_lock.commit, cells, deps, verdict))
+        say(f"{lock.name} {v}: {VERDICT[verdict]}")
+    return rows
+
+
+_CTX: dict = {}
+
+
+def _inputs(project_root: Path, project: stack.Project, old_base: str, old_commits: list[str], git: Git) -> str:
+    """Everything a release's classification depends on besides the release's own tree: the
+    series and its patches, the recorded resolutions, the old stack, and the code that
+    classifies (sglpatch's own sources, pyflakes, Python, git). A run with the same inputs
+    on the same tree finds what an earlier one found (kept in the tree cache's facts)."""
+    import pyflakes
+
+    h = hashlib.sha256()
+    for f in sorted(Path(__file__).parent.glob("*.py")):
+        h.update(f.name.encode() + b"\0" + f.read_bytes() + b"\0")
+    h.update(f"{pyflakes.__version__} {sys.version} {git.run('version')}\0".encode())
+    h.update((project_root / "series").read_bytes() + b"\0")
+    for p in project.patches:
+        h.update(p.name.encode() + b"\0" + p.data + b"\0")
+    res = project_root / rebase.RESOLUTIONS_DIR
+    for f in sorted(res.rglob("*")) if res.is_dir() else []:
+        if f.is_file():
+            h.update(str(f.relative_to(res)).encode() + b"\0" + f.read_bytes() + b"\0")
+    h.update(" ".join([git.tree_of(old_base)] + [git.tree_of(c) for c in old_commits]).encode())
+    return h.hexdigest()
+
+
+def default_jobs() -> int:
+    return max(1, min(4, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1))
+
+
+def run(project_root: Path, releases: str | None = None, jobs: int | None = None, recheck: bool = False) -> dict:
+    """The matrix. Trees come first, one release after the other (downloads, unpacking); then
+    the releases are classified in `jobs` worker processes (default: the CPUs, at most 4),
+    each taking a run of consecutive releases (they share most files, so their checks share
+    what they find). A release classified before with the same inputs (see _inputs) is not
+    classified again unless recheck."""
+    project_root = Path(project_root).resolve()
+    project = stack.Project.load(project_root)
+    lock = project.lock
+    versions = _parse_range(releases, lock.name, lock.version)
+    if not versions:
+        raise SglpatchError(f"no releases of {lock.name} after {lock.version} on the index" if not releases else f"no release matches {releases}")
+    t0 = time.monotonic()
+    cg = treecache.cache_repo()
+    _, old_base, pin_meta = treecache.release_tree(cg, lock.name, lock.version, lock.artifact_kind, lock.sdist_subdir, lock.sdist_sha256)
+    up.verify_blobs(cg, old_base, lock, "registry")
+    pinned_deps = pins(pin_meta["requires_dist"], pin_meta["requires_python"], lock.version, lock.name)
+    items = []
+    for k, v in enumerate(versions, 1):
+        kind = "sdist" if "sdist" in artifacts.kinds_offered(lock.name, v) else "wheel"
+        say(f"[{k}/{len(versions)}] {lock.name} {v} ({kind})")
+        art, onto, meta = treecache.release_tree(cg, lock.name, v, kind, lock.sdist_subdir)
+        items.append((v, kind, art, onto, meta))
+    jobs = max(1, min(jobs or default_jobs(), len(items)))
+    say(f"classifying {len(items)} release(s) of {lock.name}" + (f" in {jobs} processes" if jobs > 1 else ""))
+    with tempfile.TemporaryDirectory(prefix="sglpatch-watch-") as tmp:
+        sg = Git(Path(tmp))
+        sg.run("init", "-q", "--bare")
+        treecache.borrow(sg, cg)
+        old_commits = stack.build_chain(sg, project, old_base, progress=False)
+        _CTX.update(scratch=tmp, root=project_root, project=project, old_base=old_base, old_commits=old_commits, recheck=recheck,
+                    inputs=_inputs(project_root, project, old_base, old_commits, sg))
+        try:
+            if jobs == 1:
+                rows = _classify(items)
+            else:
+                chunks = [items[len(items) * i // jobs : len(items) * (i + 1) // jobs] for i in range(jobs)]
+                with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("fork")) as pool:
+                    rows = [r for part in pool.map(_classify, chunks) for r in part]
+        finally:
+            _CTX.clear()
+    return {
+        "pinned": {"version": lock.version, "artifact": lock.sdist_filename, "deps": pinned_deps},
+        "patches": [e.name for e in project.series.entries],
+        "rows": [asdict(r) for r in rows],
+        "newest": versions[-1],
+        "newest_verdict": rows[-1].verdict,
+        "seconds": round(time.monotonic() - t0, 1),
+    }
+
+
+# --------------------------------------------------------------------------------------
+# output
+
+
+VERDICT = {"nothing": "nothing to do", "unattended": "rebase does it unattended", "human": "NEEDS A HUMAN"}
+
+
+def _short_patch(name: str) -> str:
+    return "P" + str(int(name.split("-", 1)[0])) if name[:4].isdigit() else name[:8]
+
+
+def _dep_str(deps: dict, pinned: dict) -> str:
+    parts = []
+    for d in (*DEPS, "python"):
+        if d in deps:
+            mark = "" if deps.get(d) == pinned.get(d) else "*"
+            parts.append(f"{d.replace('-python', '')} {deps[d]}{mark}")
+    return "; ".join(parts)
+
+
+def terminal(report: dict) -> list[str]:
+    names = report["patches"]
+    cols = [_short_patch(n) for n in names]
+    lines = [f"upstream watch: the series on {report['pinned']['version']} against {len(report['rows'])} releases"]
+    lines.append(f"{'release':<14}" + "".join(f"{c:<12}" for c in cols) + "verdict")
+    for r in report["rows"]:
+        lines.append(f"{r['version']:<14}" + "".join(f"{SHORT[r['cells'][n]['status']]:<12}" for n in names) + VERDICT[r["verdict"]])
+    lines.append("")
+    lines.append("details (what is not 'applies exactly'):")
+    for r in report["rows"]:
+        for n, c in zip(names, cols):
+            cell = r["cells"][n]
+            if cell["status"] == "exact":
+                continue
+            lines.append(f"  {r['version']} {c}: {cell['text']}")
+            for d in cell["details"][:6]:
+                lines.append(f"      {d}")
+    lines.append("")
+    lines.append(f"dependency pins (* = differs from the pinned {report['pinned']['version']}: {_dep_str(report['pinned']['deps'], report['pinned']['deps'])}):")
+    for r in report["rows"]:
+        lines.append(f"  {r['version']:<14} {r['source']:<6} {_dep_str(r['deps'], report['pinned']['deps'])}; wheels {r['deps'].get('tags')}")
+    lines.append(f"newest {report['newest']}: {VERDICT[report['newest_verdict']]} ({report['seconds']}s)")
+    return lines
+
+
+def markdown(report: dict, command: str | None = None) -> str:
+    names = report["patches"]
+    cols = [_short_patch(n) for n in names]
+    out = [f"# Upstream watch: the series on sglang {report['pinned']['version']}", ""]
+    if command:
+        out += [f"Command: `{command}`  ", f"Date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}", ""]
+    out += ["Patches: " + ", ".join(f"{c} = `{n}`" for c, n in zip(cols, names)), ""]
+    out.append("| release | source | " + " | ".join(cols) + " | verdict |")
+    out.append("|---|---|" + "---|" * len(cols) + "---|")
+    for r in report["rows"]:
+        cells = [r["cells"][n]["text"].replace("|", "\\|") for n in names]
+        out.append(f"| {r['version']} | {r['source']} | " + " | ".join(cells) + f" | {VERDICT[r['verdict']]} |")
+    out += ["", "## Dependency pins", "", "| release | torch | flashinfer-python | sgl-kernel | sglang-kernel | transformers | Requires-Python | wheel tags |",
+            "|---|---|---|---|---|---|---|---|"]
+    for label, deps in [(f"{report['pinned']['version']} (pinned)", report["pinned"]["deps"])] + [(r["version"], r["deps"]) for r in report["rows"]]:
+        out.append(f"| {label} | " + " | ".join(deps.get(d, "-") for d in DEPS) + f" | {deps.get('python', '-')} | {deps.get('tags', '-')} |")
+    out += ["", "## Details", ""]
+    for r in report["rows"]:
+        for n, c in zip(names, cols):
+            cell = r["cells"][n]
+            if cell["status"] in ("exact", "3way"):
+                continue
+            out.append(f"- **{r['version']} {c}**: {cell['text']}")
+            out += [f"  - {d}" for d in cell["details"][:8]]
+    out += ["", f"Newest release {report['newest']}: **{VERDICT[report['newest_verdict']]}**.", ""]
+    return "\n".join(out)
+
+
+def main(project_root: Path, releases: str | None = None, json_out: str | None = None, md_out: str | None = None,
+         command: str | None = None, jobs: int | None = None, recheck: bool = False) -> int:
+    report = run(project_root, releases, jobs, recheck)
+    print("\n".join(terminal(report)))
+    if json_out:
+        data = dict(report, command=command, date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()))
+        write_if_changed(Path(json_out), (json.dumps(data, indent=1) + "\n").encode())
+    if md_out:
+        write_if_changed(Path(md_out), markdown(report, command).encode())
+    return EXIT_HUMAN if report["newest_verdict"] == "human" else EXIT_OK

@@ -1,0 +1,110 @@
+"""Merged is not working: planted upstream changes on the real 0.5.10.post1 tree, real git.
+
+The new upstream is the real tree plus a planted change (a rename of an attribute the patch
+reads; a definition of the name the patch adds) and a few lines at the top of the file so the
+patch needs a 3-way merge. The merge is clean; the check must call it broken.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT
+from sglpatch import artifacts, rebase, stack, treecache
+from sglpatch.gitcmd import Git
+from sglpatch.lock import read_lock
+
+CAR = "python/sglang/srt/distributed/device_communicators/custom_all_reduce.py"
+
+
+@pytest.fixture(scope="session")
+def base_0510(tmp_path_factory):
+    cg = treecache.cache_repo()
+    art, path = artifacts.fetch("sglang", "0.5.10.post1", "sdist")
+    base = treecache.tree_commit(cg, "sdist", path, art.sha256)
+    repo = tmp_path_factory.mktemp("mc") / "repo"
+    repo.mkdir()
+    g = Git(repo)
+    g.run("init", "-q", "--bare")
+    (repo / "objects" / "info" / "alternates").write_text(str((cg.workdir / "objects").resolve()) + "\n")
+    return g, base
+
+
+def edit(g: Git, commit: str, changes: dict[str, str], msg: str = "edit\n") -> str:
+    """A commit on commit with files replaced (real git: temp index, hash-object, commit-tree)."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as idx:
+        env = {"GIT_INDEX_FILE": str(Path(idx) / "i")}
+        g.run("read-tree", commit, env=env)
+        for path, text in changes.items():
+            blob = g.run("hash-object", "-w", "--stdin", input=text)
+            g.run("update-index", "--cacheinfo", f"100644,{blob},{path}", env=env)
+        tree = g.run("write-tree", env=env)
+    return g.run("commit-tree", tree, "-p", commit, input=msg)
+
+
+def show(g: Git, commit: str, path: str) -> str:
+    return g.run("show", f"{commit}:{path}", strip=False)
+
+
+def classify_one(g: Git, tmp: Path, old_base: str, old_commit: str, new_base: str) -> rebase.Outcome:
+    """Run rebase's own classification on a one-patch project made of old_base..old_commit."""
+    project = tmp / "project"
+    (project / "patches").mkdir(parents=True)
+    shutil.copy2(ROOT / "upstream.lock", project / "upstream.lock")
+    (project / "patches" / "0001-probe.patch").write_bytes(stack.format_patch(g, old_commit))
+    (project / "series").write_text("0001-probe.patch\n")
+    (project / "CHANGELOG.md").write_text("# Changelog\n")
+    lock = read_lock(ROOT)
+    (out,) = rebase.classify(g, project, old_base, [old_commit], lock, new_base, "sdist")
+    return out
+
+
+def test_planted_upstream_rename_is_3way_but_broken(base_0510, tmp_path):
+    g, base = base_0510
+    text = show(g, base, CAR)
+    assert "self.full_nvlink" in text
+    probe = "\n\ndef _sglpatch_probe(ca):\n    return ca.full_nvlink and ca.world_size\n"
+    patched = edit(g, base, {CAR: text + probe}, "probe: read full_nvlink\n\nDescription: test\n")
+    # upstream renames the attribute everywhere it is defined or used, and moves the file's code
+    renamed = {}
+    for path in g.run("grep", "-l", "-w", "full_nvlink", base, "--", "*.py").splitlines():
+        path = path.split(":", 1)[1]
+        renamed[path] = show(g, base, path).replace("full_nvlink", "fully_connected")
+    renamed[CAR] = "# moved\n# by\n# upstream\n" + renamed[CAR]
+    new = edit(g, base, renamed)
+    o = classify_one(g, tmp_path, base, patched, new)
+    assert o.status == "3way-broken" and o.action == "stop", o
+    assert o.how.startswith("3-way but broken: ") and f"{CAR}:" in o.how
+    assert "'full_nvlink' is defined in the old upstream but nowhere in the new one" in o.how
+    # control: the same merge without the rename is a clean, carried 3-way
+    moved = edit(g, base, {CAR: "# moved\n# by\n# upstream\n" + text})
+    ok = classify_one(g, tmp_path / "ok", base, patched, moved)
+    assert ok.status == "3way" and ok.action == "refresh", ok
+
+
+def test_planted_redefinition_is_caught(base_0510, tmp_path):
+    g, base = base_0510
+    text = show(g, base, CAR)
+    patched = edit(g, base, {CAR: text + "\n\ndef sglpatch_limit():\n    return 65536\n"})
+    # upstream adds its own function of that name at the top of the file
+    new = edit(g, base, {CAR: "def sglpatch_limit():\n    return 1 << 20\n\n\n" + text})
+    o = classify_one(g, tmp_path, base, patched, new)
+    assert o.status == "3way-broken", o
+    assert any("redefinition of unused 'sglpatch_limit'" in h for h in o.hunks), o.hunks
+
+
+def test_merge_check_clean_on_sound_merge(base_0510):
+    from sglpatch import mergecheck
+
+    g, base = base_0510
+    text = show(g, base, CAR)
+    merged = edit(g, base, {CAR: text + "\n\ndef sglpatch_ok(ca):\n    return ca.world_size\n"})
+    assert mergecheck.check(g, base, base, merged, [CAR]) == []
+    broken = edit(g, base, {CAR: text + "\n\ndef sglpatch_bad(:\n"})
+    (p,) = mergecheck.check(g, base, base, broken, [CAR])
+    assert p.startswith(f"{CAR}:") and "does not compile" in p

@@ -1,0 +1,185 @@
+"""Wheels as an upstream source, index-verified artifacts, supersession, resolutions reused
+across releases, and `sglpatch watch`, on real registry artifacts with real git.
+
+Three releases at most: 0.5.10.post1 (sdist), 0.5.21 (a wheel) and 0.5.23 (the newest when
+this was written; wheel-only). Trees are cached in $SGLPATCH_CACHE/trees.git.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT, copy_project, sglpatch
+from sglpatch import artifacts, rebase, series, supersede, treecache, watch
+from sglpatch import upstream as up
+from sglpatch.gitcmd import Git
+from sglpatch.lock import UNKNOWN_COMMIT, Lock
+
+WHEEL = "0.5.21"
+NEWEST = "0.5.23"
+P2 = "0002-pcie-custom-allreduce.patch"
+PCIE_IPC = "python/sglang/srt/distributed/device_communicators/pcie_ipc_ar.py"
+
+
+@pytest.fixture(scope="session")
+def trees():
+    """version -> (git of the cache repo, tree commit, artifact path)."""
+    cg = treecache.cache_repo()
+    out = {}
+    for v, kind in (("0.5.10.post1", "sdist"), (WHEEL, "wheel"), (NEWEST, "wheel")):
+        art, path = artifacts.fetch("sglang", v, kind)
+        out[v] = (cg, treecache.tree_commit(cg, kind, path, art.sha256), path)
+    return out
+
+
+def p2() -> series.PatchFile:
+    return series.parse_patch(P2, (ROOT / "patches" / P2).read_bytes())
+
+
+def test_index_lists_wheel_only_releases():
+    assert artifacts.kinds_offered("sglang", "0.5.10.post1")[0] == "sdist"
+    assert artifacts.kinds_offered("sglang", WHEEL) == ["wheel"]
+    art = artifacts.choose("sglang", WHEEL, "wheel")
+    assert art.filename.endswith("-cp311-cp311-manylinux_2_34_x86_64.whl") and len(art.sha256) == 64
+    assert NEWEST in artifacts.releases("sglang", after="0.5.9")
+
+
+def test_wheel_tree_placement(trees, tmp_path):
+    cg, commit, path = trees[WHEEL]
+    files = cg.run("ls-tree", "-r", "--name-only", commit).splitlines()
+    assert files and all(f.startswith("python/sglang/") for f in files)
+    assert PCIE_IPC in files and not any(".dist-info" in f for f in files)
+    import zipfile
+
+    shipped = {n for n in zipfile.ZipFile(path).namelist() if n.startswith("sglang/") and not n.endswith("/")}
+    assert {f[len("python/"):] for f in files} == shipped  # exactly the files the wheel ships
+    # the rebase path (a workdir's upstream branch) gives the same tree, pinned with commit = unknown
+    g = Git(tmp_path / "wd")
+    (tmp_path / "wd").mkdir()
+    g.run("init", "-q")
+    art = artifacts.choose("sglang", WHEEL, "wheel")
+    lock = Lock("sglang", "https://github.com/sgl-project/sglang", f"v{WHEEL}", UNKNOWN_COMMIT, WHEEL, art.filename, art.sha256, "python")
+    lock.validate()
+    built = up.build_from_wheel(g, lock)
+    assert g.run("rev-parse", f"{built}^{{tree}}") == cg.run("rev-parse", f"{commit}^{{tree}}")
+    assert 'commit = "unknown"' in lock.dumps()
+
+
+def test_tampered_cached_artifact_is_refused(tmp_path, monkeypatch):
+    art, real = artifacts.fetch("sglang", WHEEL, "wheel")
+    monkeypatch.setenv("SGLPATCH_CACHE", str(tmp_path / "cache"))
+    fake = tmp_path / "cache" / "wheel" / art.filename
+    fake.parent.mkdir(parents=True)
+    shutil.copy2(real, fake)
+    with open(fake, "ab") as f:
+        f.write(b"\0")
+    before = fake.read_bytes()
+    with pytest.raises(artifacts.ArtifactError) as e:
+        artifacts.fetch("sglang", WHEEL, "wheel")
+    msg = str(e.value)
+    assert "\n" not in msg and art.filename in msg and art.sha256 in msg
+    assert fake.read_bytes() == before and sorted(p.name for p in fake.parent.iterdir()) == [art.filename]
+    assert not (tmp_path / "cache" / "trees.git").exists()
+
+
+def test_dry_run_onto_0510_needs_no_commit(tmp_path):
+    project = copy_project(tmp_path / "project")
+    res = sglpatch("rebase", "--project", str(project), "--workdir", str(tmp_path / "none"), "--onto", "0.5.10", "--dry-run", "--source", "auto")
+    assert res.returncode in (2, 3), res.stdout + res.stderr
+    assert "pass --commit" not in res.stderr
+    assert "source: sdist (" in res.stderr  # auto: GitHub does not answer here, the sdist exists
+    assert "commit unknown" in res.stdout and "upstream.commit = 'unknown'" in res.stderr
+    assert "0.5.10 (v0.5.10, commit unknown)" in res.stdout
+
+
+def test_supersession_holds_only_with_the_dependency(trees):
+    cg, newest, path = trees[NEWEST]
+    r = supersede.probe(cg, newest, p2(), watch.dep_pins(path, NEWEST))
+    assert r.holds, r
+    assert "PcieIpcCommunicator" in r.evidence and "flashinfer-python 0.7.2 ships PcieIpcAllReduceWorkspace" in r.evidence
+    assert "SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=1" in r.switch
+    # 0.5.21 has upstream's file, symbol and env switch, but pins flashinfer-python 0.6.18
+    cg, wheel, path = trees[WHEEL]
+    deps = watch.dep_pins(path, WHEEL)
+    assert deps["flashinfer-python"] == "==0.6.18"
+    r = supersede.probe(cg, wheel, p2(), deps)
+    assert not r.holds and "0.6.18 has no PcieIpcAllReduceWorkspace" in r.evidence and "dependency missing" in r.evidence
+    # 0.5.10.post1: upstream has no replacement: nothing to say
+    cg, old, path = trees["0.5.10.post1"]
+    r = supersede.probe(cg, old, p2(), watch.dep_pins(path, "0.5.10.post1"))
+    assert not r.holds and r.evidence == ""
+
+
+def _plant_resolution(project: Path, target: str, conflict: str):
+    """Move the committed 0.5.10.post1 resolution of P2 to another release's folder, as if
+    it had been recorded there, with the given conflict key."""
+    recs, _ = rebase.read_resolutions(project, "0.5.10.post1")
+    rec = recs[P2]
+    rec.conflict = conflict
+    shutil.rmtree(project / "resolutions" / "0.5.10.post1")
+    rebase.write_resolutions(project, target, {P2: rec})
+
+
+def test_recorded_resolution_reused_for_same_conflict_refused_for_another(trees, tmp_path):
+    key = rebase.read_resolutions(ROOT, "0.5.10.post1")[0][P2].conflict  # the committed record's conflict
+    assert len(key) == 64
+    # the same conflict, recorded for another release: offered, merge-checked, used
+    project = copy_project(tmp_path / "same")
+    _plant_resolution(project, "0.5.10", key)
+    res = watch.run(project, "0.5.10.post1..0.5.10.post1")
+    cell = res["rows"][0]["cells"][P2]
+    assert cell["status"] == "recorded" and cell["text"] == "resolved (recorded for 0.5.10)", cell
+    # on the newest release P2 conflicts differently: the recording is refused there
+    res = watch.run(project, f"{NEWEST}..{NEWEST}")
+    cell = res["rows"][0]["cells"][P2]
+    assert cell["status"] == "superseded"  # the probe holds on the newest release
+    assert any("the recorded resolution for 0.5.10 is for another conflict: not used" in d for d in cell["details"]), cell
+
+
+def test_watch_cli_matrix_json_markdown(trees, tmp_path):
+    out_json, out_md = tmp_path / "w.json", tmp_path / "w.md"
+    res = sglpatch("watch", "--project", str(ROOT), "--releases", f"{WHEEL}..{NEWEST}", "--json", str(out_json), "--markdown", str(out_md))
+    assert res.returncode == 3, res.stdout + res.stderr  # the newest needs a human (P1/P4 conflict)
+    assert res.stdout.splitlines()[1].split()[:5] == ["release", "P1", "P2", "P3", "P4"]
+    rows = {line.split()[0]: line.split()[1:5] for line in res.stdout.splitlines() if line[:5] == "0.5.2"}
+    assert set(rows) == {"0.5.21", "0.5.22", "0.5.23"}
+    assert rows[NEWEST][1] == "superseded" and rows[WHEEL][1] != "superseded" and rows[NEWEST][2] == "upstream"
+    data = json.loads(out_json.read_text())
+    assert data["newest"] == NEWEST and data["newest_verdict"] == "human"
+    assert data["rows"][0]["deps"]["torch"] == "==2.13.0" and data["pinned"]["deps"]["torch"] == "==2.9.1"
+    md = out_md.read_text()
+    assert "| release | source | P1 | P2 | P3 | P4 | verdict |" in md and "superseded by upstream" in md
+
+
+def test_second_run_reuses_the_classification_recheck_and_new_inputs_redo_it(trees, tmp_path, monkeypatch):
+    project = copy_project(tmp_path / "project")
+    spec = "0.5.10.post1..0.5.10.post1"
+    first = watch.run(project, spec, recheck=True)
+    calls = []
+    real = rebase.classify
+    monkeypatch.setattr(rebase, "classify", lambda *a, **k: calls.append(1) or real(*a, **k))
+    assert watch.run(project, spec)["rows"] == first["rows"] and calls == []  # same inputs, same tree: reused
+    assert watch.run(project, spec, recheck=True)["rows"] == first["rows"] and calls == [1]
+    toml = project / "resolutions" / "0.5.10.post1" / "resolutions.toml"
+    toml.write_text(toml.read_text() + "\n# another resolution file: another input\n")
+    assert watch.run(project, spec)["rows"] == first["rows"] and calls == [1, 1]
+
+
+def test_dry_run_takes_the_tree_from_the_cache(trees, tmp_path):
+    """The dry run's registry trees are the cached ones (nothing unpacked again), byte for byte
+    the tree a real rebase commits (up.build_registry)."""
+    lock = up.target_lock(Lock.parse((ROOT / "upstream.lock").read_text(), "lock"), WHEEL, "wheel", ls_remote=False)
+    g = Git(tmp_path / "scratch")
+    g.workdir.mkdir()
+    g.run("init", "-q", "--bare")
+    cached = treecache.registry_commit(g, lock)
+    assert cached == trees[WHEEL][1]
+    w = Git(tmp_path / "real")
+    w.workdir.mkdir()
+    w.run("init", "-q")
+    built = up.build_registry(w, lock)
+    assert w.tree_of(built) == g.tree_of(cached)
