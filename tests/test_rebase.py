@@ -234,7 +234,7 @@ def test_recorded_resolution_for_another_patch_version_is_not_used(synth_copy):
 
 def test_upstream_detection_is_behavioural_not_textual(synth):
     """P3's text differs from upstream's; a changed behaviour must not count as upstream."""
-    from sglpatch import rebase
+    from sglpatch.rebase import upstreamed
     from sglpatch.gitcmd import Git
 
     _, workdir = synth
@@ -251,7 +251,7 @@ def test_upstream_detection_is_behavioural_not_textual(synth):
 
         onto = up.build_from_sdist(sg, lock_0510())
         patch = stack.parse_patch(P3, stack.format_patch(g, p3))
-        ok, why = rebase._definitions_present(sg, onto, p3_parent, p3, patch)
+        ok, why = upstreamed._definitions_present(sg, onto, p3_parent, p3, patch)
         assert ok, why
         # same names, different behaviour: returns the head only -> not upstream
         text = g.run("show", f"{p3}:python/sglang/srt/models/kimi_k25.py", strip=False)
@@ -265,7 +265,7 @@ def test_upstream_detection_is_behavioural_not_textual(synth):
             sg.run("update-index", "--cacheinfo", f"100644,{blob},python/sglang/srt/models/kimi_k25.py", env=env)
             tree = sg.run("write-tree", env=env)
         changed = sg.run("commit-tree", tree, "-p", p3_parent, input="x\n")
-        ok, why = rebase._definitions_present(sg, onto, p3_parent, changed, patch)
+        ok, why = upstreamed._definitions_present(sg, onto, p3_parent, changed, patch)
         assert not ok and "get_embed_and_head behaves differently" in why
 
 

@@ -1,0 +1,56 @@
+"""Move the series onto a new upstream release: classify, 3-way, stop resumably, record.
+
+    sglpatch rebase --workdir DIR --onto 0.5.10.post1 [--source sdist|git] [--dry-run]
+    sglpatch rebase --workdir DIR --continue | --skip | --abort
+
+Every patch is classified on the new upstream (in series order, each on top of the ones
+kept before it):
+
+* ``upstream``  the change is already in the new tree, verified (never on the DEP-3
+  ``Applied-Upstream`` hint alone): the patch reverse-applies, or its 3-way result equals
+  the tree, or every definition it adds or changes exists there with the same behaviour
+  (normalized AST, or the same calls/returns/exceptions when run against recording
+  stand-ins, following the class's own helpers) and it changes nothing else;
+* ``exact``     applies with no offset and no fuzz;
+* ``3way``      applies with a 3-way merge against the old stack (offsets, moved code);
+* ``conflict``  the 3-way merge leaves conflicts;
+* ``obsolete``  every file it modifies is gone from the new tree (no longer needed).
+
+Recorded resolutions live in the project, ``resolutions/<version>/``::
+
+    resolutions.toml   [patch."NAME"] action = "replace" | "drop", why = "...",
+                       patch_sha256 = sha256 of the series patch this resolves,
+                       conflict = the conflict it resolves (see below)
+    NAME               for "replace": the patch as it applies to the new upstream
+    target.toml        optional recorded pin: tag, commit, sdist_sha256
+
+A recorded resolution is keyed by the conflict it resolves (``conflict``: files and both sides
+of every conflict region, hashed, like git rerere): any release that shows the same conflict gets
+it offered and merge-checked before use; another conflict refuses it (a record without a key is
+used only for the exact patch bytes, ``patch_sha256``, it was made for). Patches resolved by
+hand during a rebase (``--continue``) or dropped (``--skip``) are recorded there on success, so
+the next person replays the same rebase with one command.
+
+A real rebase builds the new stack off to the side; on a conflict it puts DIR on a detached
+HEAD at the new stack so far, applies the patch with ``git apply --3way`` (markers in place)
+and saves its state in ``DIR/.git/sglpatch-rebase/``. ``--abort`` restores DIR's refs, HEAD
+and files and the project's files exactly. Only the finishing step writes the project:
+patches/ + series (export), upstream.lock, CHANGELOG.md, the report under
+``rebase-reports/`` (outcomes and per-patch ``git range-diff``).
+
+Modules, in the order a rebase uses them: ``common`` (constants, errors, outcomes), ``merge``
+(git helpers: fixed commits, 3-way), ``upstreamed`` (is the change already there?),
+``resolutions`` (recorded, conflict-keyed), ``classify`` (the engine, the dry run), ``session``
+(a real rebase: stop, continue, abort, finish).
+"""
+
+from sglpatch.rebase.classify import DryRunResult, classify, dry_run
+from sglpatch.rebase.common import EXIT_HUMAN, EXIT_NOTHING, EXIT_UNATTENDED, RESOLUTIONS_DIR, Outcome, RebaseError, RebaseStopped
+from sglpatch.rebase.resolutions import Recorded, conflict_key, read_resolutions, resolutions_dir, write_resolutions
+from sglpatch.rebase.session import abort, continue_, start
+
+__all__ = [
+    "EXIT_HUMAN", "EXIT_NOTHING", "EXIT_UNATTENDED", "RESOLUTIONS_DIR", "DryRunResult", "Outcome", "RebaseError",
+    "RebaseStopped", "Recorded", "abort", "classify", "conflict_key", "continue_", "dry_run", "read_resolutions",
+    "resolutions_dir", "start", "write_resolutions",
+]

@@ -1,0 +1,441 @@
+"""A real rebase: state in DIR/.git/sglpatch-rebase/, stop for a human, --continue / --skip / --abort,
+and the finishing step that writes the project (patches, series, lock, CHANGELOG, report)."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+if sys.version_info >= (3, 11):
+    pass
+else:  # pragma: no cover
+    pass
+
+from sglpatch import stack
+from sglpatch import upstream as up
+from sglpatch.errors import say
+from sglpatch.fsutil import crashpoint, exclusive, write_if_changed
+from sglpatch.gitcmd import Git
+from sglpatch.lock import Lock, write_lock
+from sglpatch.series import PATCH_DIR, SERIES_NAME
+from sglpatch.rebase.common import CHANGELOG, Outcome, REF_PREFIX, REPORTS_DIR, RESOLUTIONS_DIR, RebaseError, RebaseStopped, STATE_DIR, _table
+from sglpatch.rebase.merge import _commit_like, _tree
+from sglpatch.rebase.resolutions import Recorded, read_resolutions, write_resolutions
+from sglpatch.rebase.classify import Plan, _in_sync_stack, _prepare, _run_steps
+
+
+# --------------------------------------------------------------------------------------
+# real rebase: state, stop, continue, abort, finish
+
+
+def _state_dir(git: Git) -> Path:
+    return git.workdir / ".git" / STATE_DIR
+
+
+def _save(git: Git, plan: Plan) -> None:
+    write_if_changed(_state_dir(git) / "state.json", json.dumps(asdict(plan), indent=1, sort_keys=True).encode())
+
+
+def _load(git: Git) -> Plan:
+    f = _state_dir(git) / "state.json"
+    if not f.is_file():
+        if _state_dir(git).exists():  # a rebase killed before it saved its state: nothing to resume or restore
+            raise RebaseError(
+                f"no rebase to resume in {git.workdir}: one was killed before it changed anything; "
+                "re-run `sglpatch rebase --onto ...`, which clears what it left"
+            )
+        raise RebaseError(f"no rebase in progress in {git.workdir}")
+    return Plan(**json.loads(f.read_text()))
+
+
+def _in_progress(git: Git) -> str:
+    """The one line for a new rebase while state.json exists: what happened, what to run."""
+    wd = git.workdir
+    plan = _load(git)
+    if plan.stopped:
+        i = plan.stopped["index"]
+        return (
+            f"a rebase is already in progress in {wd}, stopped at patch {i + 1}/{len(plan.names)} ({plan.names[i]}) for you; "
+            f"resolve it, then `sglpatch rebase --workdir {wd} --continue` (or `--skip` / `--abort`)"
+        )
+    return (
+        f"a rebase is already in progress in {wd}, but its process was interrupted (killed?) before it finished; "
+        f"`sglpatch rebase --workdir {wd} --continue` completes it, or `--abort` puts {wd} and the project back as they were"
+    )
+
+
+def _managed_paths(project_root: Path, version: str, report_name: str) -> tuple[list[str], list[str]]:
+    files = [SERIES_NAME, "upstream.lock", CHANGELOG]
+    dirs = [PATCH_DIR, f"{RESOLUTIONS_DIR}/{version}", f"{REPORTS_DIR}/{report_name}"]
+    return files, dirs
+
+
+def _snapshot_project(git: Git, project_root: Path, version: str, report_name: str) -> None:
+    snap = _state_dir(git) / "project"
+    if snap.exists():
+        shutil.rmtree(snap)
+    snap.mkdir(parents=True)
+    files, dirs = _managed_paths(project_root, version, report_name)
+    present = []
+    for rel in files:
+        if (project_root / rel).is_file():
+            present.append(rel)
+    for d in dirs:
+        root = project_root / d
+        if root.is_dir():
+            present += sorted(str(p.relative_to(project_root)) for p in root.rglob("*") if p.is_file())
+    for rel in present:
+        dest = snap / "files" / rel
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(project_root / rel, dest)
+    (snap / "manifest.json").write_text(json.dumps({"files": files, "dirs": dirs, "present": present}))
+
+
+def _restore_project(git: Git, project_root: Path) -> None:
+    snap = _state_dir(git) / "project"
+    manifest = json.loads((snap / "manifest.json").read_text())
+    present = set(manifest["present"])
+    for d in manifest["dirs"]:
+        root = project_root / d
+        if root.is_dir():
+            for p in sorted(root.rglob("*"), reverse=True):
+                rel = str(p.relative_to(project_root))
+                if p.is_file() and rel not in present:
+                    p.unlink()
+                elif p.is_dir() and not any(p.iterdir()):
+                    p.rmdir()
+            if root.is_dir() and not any(root.iterdir()):
+                root.rmdir()
+    for rel in manifest["files"]:
+        if rel not in present and (project_root / rel).is_file():
+            (project_root / rel).unlink()
+    for rel in sorted(present):
+        write_if_changed(project_root / rel, (snap / "files" / rel).read_bytes())
+        shutil.copystat(snap / "files" / rel, project_root / rel)
+
+
+def _report_name(old: Lock, new: Lock) -> str:
+    return f"{old.version}..{new.version}"
+
+
+def start(
+    project_root: Path, workdir: Path, onto: str, source: str = "sdist", commit: str | None = None, url: str | None = None
+) -> list[str]:
+    project_root = Path(project_root).resolve()
+    project = stack.Project.load(project_root)
+    git = stack.open_workdir(Path(workdir), create=False)
+    state = _state_dir(git) / "state.json"
+    if state.is_file():
+        raise RebaseError(_in_progress(git))
+    with exclusive(stack._lockfile(git), str(git.workdir)):
+        if state.is_file():
+            raise RebaseError(_in_progress(git))
+        if _state_dir(git).exists():  # a rebase killed before it saved state.json: it had changed nothing yet
+            say(f"removing {_state_dir(git)} left by a killed rebase (no state saved in it: nothing to resume)")
+            shutil.rmtree(_state_dir(git))
+        shutil.rmtree(git.workdir / ".git" / up.SCRATCH, ignore_errors=True)  # left by a killed run
+        dirty = git.dirty_files()
+        if dirty:
+            raise RebaseError(f"{git.workdir} has uncommitted changes ({', '.join(dirty[:3])}); commit and `sglpatch export`, or stash them")
+        in_sync = _in_sync_stack(git, project)
+        if in_sync is None:
+            raise RebaseError(
+                f"{git.workdir} does not hold the project's series on its pin (unexported commits, or not applied); "
+                "run `sglpatch export` or `sglpatch apply` first, then rebase"
+            )
+        branch = git.current_branch()
+        plan = _prepare(git, project_root, onto, source, commit, url, in_sync)
+        crashpoint("rebase:upstream")
+        plan.orig = {
+            "branch": branch,
+            "head": git.head_commit(),
+            "upstream": git.rev(up.UPSTREAM_BRANCH),
+            "patched": git.rev(stack.PATCHED_BRANCH),
+            "applied": git.config_get(stack.APPLIED_KEY),
+        }
+        new_lock = Lock.parse(plan.new_lock, "target")
+        _state_dir(git).mkdir(parents=True, exist_ok=True)
+        _snapshot_project(git, project_root, new_lock.version, _report_name(project.lock, new_lock))
+        git.update_ref(f"{REF_PREFIX}/onto", plan.onto, message="sglpatch rebase: new upstream")
+        crashpoint("rebase:snapshot")
+        _save(git, plan)  # from here on a rebase is in progress: --continue / --abort
+        crashpoint("rebase:saved")
+        _drive(git, plan)
+    return _finish(git, plan)
+
+
+def _drive(git: Git, plan: Plan) -> list[str]:
+    outcomes = _run_steps(git, plan, dry_run=False)
+    git.update_ref(f"{REF_PREFIX}/head", plan.head, message="sglpatch rebase: progress")
+    _save(git, plan)
+    crashpoint("rebase:progress")
+    if outcomes and outcomes[-1].action == "stop" and plan.next < len(plan.names):
+        _stop(git, plan, outcomes[-1])  # raises RebaseStopped
+    return []
+
+
+def _stop(git: Git, plan: Plan, o: Outcome) -> list[str]:
+    i = plan.next
+    data = stack.format_patch(git, plan.old_commits[i])
+    git.run("checkout", "-q", "--detach", plan.head)
+    crashpoint("rebase:stop:checkout")
+    with tempfile.TemporaryDirectory(prefix="sglpatch-rb-", dir=up.scratch_dir(git)) as tmp:
+        pf = Path(tmp) / "patch"
+        pf.write_bytes(data)
+        rc, out, err = git.run("apply", "--3way", "--index", f"-p{plan.strips[i]}", "--whitespace=nowarn", "--", str(pf), check=False)
+    unmerged = sorted(set(line.split("\t", 1)[1] for line in git.run("ls-files", "-u").splitlines() if "\t" in line))
+    crashpoint("rebase:stop:applied")
+    plan.stopped = {"index": i, "files": unmerged or o.files, "outcome": asdict(o)}
+    _save(git, plan)
+    crashpoint("rebase:stop:saved")
+    wd = git.workdir
+    lines = _table([Outcome(**d) for d in plan.outcomes] + [o])
+    lines += [
+        "",
+        f"rebase stopped at patch {i + 1}/{len(plan.names)}: {o.name} ({o.subject})",
+        f"{o.status}: " + (", ".join(plan.stopped["files"]) or "see above"),
+        f"DIR {wd} is on a detached HEAD at the new stack so far, with the patch applied and conflict markers in place.",
+        "next:",
+        f"  1. edit the files above in {wd} (look for <<<<<<< / >>>>>>>), keeping the patch's intent on the new code",
+        f"  2. sglpatch rebase --workdir {wd} --continue      # commits your resolution, records it, goes on",
+        f"     sglpatch rebase --workdir {wd} --skip          # or: drop this patch (recorded as a decision)",
+        f"     sglpatch rebase --workdir {wd} --abort         # or: put DIR and the project back exactly as before",
+    ]
+    raise RebaseStopped("\n".join(lines))
+
+
+def continue_(workdir: Path, skip: bool = False) -> list[str]:
+    git = stack.open_workdir(Path(workdir), create=False)
+    plan = _load(git)
+    with exclusive(stack._lockfile(git), str(git.workdir)):
+        if not plan.stopped:  # the process was killed before it stopped or finished: resume
+            if git.current_branch() is None and git.head_commit() == plan.head:
+                # killed inside the stop: the half-applied patch there is ours, the stop redoes it
+                git.run("reset", "-q", "--hard", plan.head)
+            _drive(git, plan)
+        else:
+            _resolved(git, plan, skip)
+    return _finish(git, plan)  # outside the lock: its export takes the lock itself
+
+
+def _resolved(git: Git, plan: Plan, skip: bool) -> None:
+    """--continue / --skip after a stop: record the resolution, go on."""
+    i = plan.stopped["index"]
+    o = Outcome(**plan.stopped["outcome"])
+    if skip:
+        git.run("reset", "-q", "--hard", plan.head)
+        o.action, o.how = "skip", "dropped by hand (--skip)"
+        plan.hand[o.name] = "drop"
+    else:
+        touched = sorted(set(plan.stopped["files"]) | set(git.dirty_files()))
+        git.run("add", "-u")
+        for f in plan.stopped["files"]:
+            if (git.workdir / f).exists():
+                git.run("add", "--", f)
+        left = []
+        for f in touched:
+            p = git.workdir / f
+            if p.is_file():
+                text = p.read_text(errors="replace")
+                if re.search(r"^(<<<<<<< |>>>>>>> )", text, re.M):
+                    left.append(f)
+        if left:
+            raise RebaseError(f"conflict markers are still in {', '.join(left)}; resolve them, then --continue again")
+        tree = git.run("write-tree")
+        if tree == _tree(git, plan.head):
+            o.action, o.how = "skip", "the resolution left no change: dropped"
+            plan.hand[o.name] = "drop"
+        else:
+            new = _commit_like(git, tree, plan.head, plan.old_commits[i])
+            git.run("update-ref", "--no-deref", "-m", "sglpatch rebase: resolved", "HEAD", new)
+            plan.head = new
+            o.action, o.how, o.new_commit = "hand", "resolved by hand", new
+            plan.hand[o.name] = "replace"
+    plan.outcomes.append(asdict(o))
+    plan.next = i + 1
+    plan.stopped = {}
+    _save(git, plan)
+    _drive(git, plan)
+
+
+def abort(workdir: Path) -> list[str]:
+    git = stack.open_workdir(Path(workdir), create=False)
+    plan = _load(git)
+    orig = plan.orig
+    with exclusive(stack._lockfile(git), str(git.workdir)):
+        # files first (HEAD may be detached at the new stack), then refs, then HEAD
+        git.run("reset", "-q", "--hard", orig["head"])
+        git.update_ref(f"refs/heads/{up.UPSTREAM_BRANCH}", orig["upstream"], message="sglpatch rebase --abort")
+        git.update_ref(f"refs/heads/{stack.PATCHED_BRANCH}", orig["patched"], message="sglpatch rebase --abort")
+        if orig.get("branch"):
+            git.run("symbolic-ref", "HEAD", f"refs/heads/{orig['branch']}")
+        git.run("reset", "-q", "--hard", orig["head"])
+        if orig.get("applied"):
+            git.config_set(stack.APPLIED_KEY, orig["applied"])
+        for ref in ("onto", "head"):
+            git.run("update-ref", "-d", f"{REF_PREFIX}/{ref}", check=False)
+        _restore_project(git, Path(plan.project))
+        shutil.rmtree(_state_dir(git))
+    return [f"rebase aborted: {git.workdir} and {plan.project} are back as they were"]
+
+
+def _range_diff(git: Git, plan: Plan, new_base: str, new_head: str) -> str:
+    old_head = plan.old_commits[-1] if plan.old_commits else plan.old_base
+    rc, out, err = git.run(
+        "range-diff", "--no-color", "--creation-factor=95", f"{plan.old_base}..{old_head}", f"{new_base}..{new_head}", check=False, strip=False
+    )
+    return out if rc == 0 else f"(git range-diff failed: {err.strip()})\n"
+
+
+def _split_range_diff(text: str) -> list[str]:
+    parts, cur = [], []
+    for line in text.splitlines():
+        if re.match(r"^\s*(\d+|-):\s+[0-9a-f-]+ [<>=!] ", line) and cur:
+            parts.append("\n".join(cur))
+            cur = []
+        cur.append(line)
+    if cur:
+        parts.append("\n".join(cur))
+    return parts
+
+
+def _changelog_section(old: Lock, new: Lock, source: str, outcomes: list[Outcome], report_rel: str) -> str:
+    today = time.strftime("%Y-%m-%d", time.gmtime())
+    lines = [
+        f"## Rebase onto sglang {new.version} (from {old.version}) - {today}",
+        "",
+        f"- Target: {new.name} {new.version}, tag {new.tag}, commit {new.commit}, {new.artifact_kind} {new.sdist_filename} sha256 "
+        f"{new.sdist_sha256} (source: {source})."
+        + (" The release records no commit and GitHub did not answer: the pin says commit = unknown." if new.commit == "unknown" else ""),
+    ]
+    for o in outcomes:
+        if o.action in ("drop", "recorded-drop", "skip"):
+            pr = f" Upstream: {o.hint}." if o.hint else ""
+            lines.append(f"- `{o.name}` ({o.subject}): {o.status}; dropped from the series. {o.how}.{pr}")
+        elif o.action == "recorded":
+            lines.append(f"- `{o.name}` ({o.subject}): {o.status}; resolved with the {o.how}.")
+        elif o.action == "hand":
+            lines.append(f"- `{o.name}` ({o.subject}): {o.status} in {', '.join(o.files)}; resolved by hand and recorded in {RESOLUTIONS_DIR}/{new.version}/.")
+        elif o.action == "refresh":
+            lines.append(f"- `{o.name}` ({o.subject}): applied with a 3-way merge; refreshed.")
+        else:
+            lines.append(f"- `{o.name}` ({o.subject}): applies exactly; unchanged.")
+        if o.note:
+            lines.append(f"  Note: {o.note}.")
+    lines.append(f"- Per-patch `git range-diff` old vs new stack: `{report_rel}`.")
+    return "\n".join(lines) + "\n"
+
+
+def _insert_changelog(project_root: Path, section: str, before: str = "") -> None:
+    path = project_root / CHANGELOG
+    text = path.read_text(encoding="utf-8") if path.is_file() else "# Changelog\n"
+    lines = text.split("\n")
+    title = section.split("\n", 1)[0].rsplit(" - ", 1)[0]  # the heading without its date
+    if sum(x.startswith(title) for x in lines) > sum(x.startswith(title) for x in before.split("\n")):
+        return  # a killed earlier run of this rebase inserted it already
+    at = next((k for k, line in enumerate(lines) if line.startswith("## ")), None)
+    if at is None:
+        new = text.rstrip("\n") + "\n\n" + section
+    else:
+        new = "\n".join(lines[:at]) + ("\n" if at else "") + section + "\n" + "\n".join(lines[at:])
+    write_if_changed(path, new.encode())
+
+
+def _finish(git: Git, plan: Plan) -> list[str]:
+    project_root = Path(plan.project)
+    old_lock = Lock.parse(plan.old_lock, "old lock")
+    new_lock = Lock.parse(plan.new_lock, "target")
+    outcomes = [Outcome(**d) for d in plan.outcomes]
+    new_base, new_head = plan.onto, plan.head
+    report_name = _report_name(old_lock, new_lock)
+    # 1. DIR: backups, then the branches
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    git.update_ref(f"{stack.BACKUP_PREFIX}/{stamp}-pre-rebase-upstream", plan.orig["upstream"], message="sglpatch rebase")
+    git.update_ref(f"{stack.BACKUP_PREFIX}/{stamp}-pre-rebase-patched", plan.orig["patched"], message="sglpatch rebase")
+    crashpoint("rebase:finish:backup")
+    git.update_ref(f"refs/heads/{up.UPSTREAM_BRANCH}", new_base, message=f"sglpatch rebase: {new_lock.describe()}")
+    crashpoint("rebase:finish:upstream")
+    if plan.source == "git":
+        git.config_set(f"sglpatch.pin-{up.UPSTREAM_BRANCH}", f"{new_lock.pin_digest()} {new_base}")
+    if git.current_branch() == stack.PATCHED_BRANCH:
+        git.run("reset", "-q", "--keep", new_head)
+        git.update_ref(f"refs/heads/{stack.PATCHED_BRANCH}", new_head, message="sglpatch rebase")
+    else:
+        git.update_ref(f"refs/heads/{stack.PATCHED_BRANCH}", new_head, message="sglpatch rebase")
+        git.run("checkout", "-q", stack.PATCHED_BRANCH)
+    crashpoint("rebase:finish:patched")
+    # 2. report (before export, which deletes dropped patch files)
+    report_dir = project_root / REPORTS_DIR / report_name
+    rd = _range_diff(git, plan, new_base, new_head)
+    snap = _state_dir(git) / "project" / "files"
+    for o in outcomes:
+        if o.action in ("drop", "recorded-drop", "skip"):
+            # from the snapshot: a killed earlier finish may have exported (removed) it already
+            write_if_changed(report_dir / "dropped" / o.name, (snap / PATCH_DIR / o.name).read_bytes())
+    report = [
+        f"# Rebase {old_lock.describe()} -> {new_lock.describe()}",
+        "",
+        f"source: {plan.source}; new upstream commit in the workdir {new_base}; new patched {new_head}",
+        "",
+        "```",
+        *_table(outcomes),
+        "```",
+        "",
+        "## Per-patch range-diff (old stack vs new stack)",
+        "",
+    ]
+    for part in _split_range_diff(rd):
+        report += ["```diff", part, "```", ""]
+    write_if_changed(report_dir / "report.md", ("\n".join(report) + "\n").encode())
+    write_if_changed(report_dir / "range-diff.txt", rd.encode())
+    crashpoint("rebase:finish:report")
+    # 3. record hand resolutions
+    if plan.hand:
+        recs, _ = read_resolutions(project_root, new_lock.version)
+        commits = git.commits(new_base, new_head)
+        by_subject = {git.subject(c): c for c in commits}
+        for k, name in enumerate(plan.names):
+            action = plan.hand.get(name)
+            if not action:
+                continue
+            subj = next(o.subject for o in outcomes if o.name == name)
+            data = stack.format_patch(git, by_subject[subj]) if action == "replace" else None
+            recs[name] = Recorded(action, f"resolved by hand during the rebase onto {new_lock.version}", plan.sha256s[k], data)
+        write_resolutions(project_root, new_lock.version, recs)
+        crashpoint("rebase:finish:resolutions")
+    # 4. patches/ + series, lock (with the blobs of the files the new series touches), CHANGELOG
+    return _finish_project(git, plan, outcomes, old_lock, new_lock, new_base, report_dir)
+
+
+def _finish_project(git, plan, outcomes, old_lock, new_lock, new_base, report_dir) -> list[str]:
+    project_root = Path(plan.project)
+    res = stack.export(project_root, git.workdir)  # takes the workdir lock itself
+    crashpoint("rebase:finish:export")
+    project = stack.Project.load(project_root)
+    new_lock.blobs = stack.touched_blobs(git, new_base, project.patches)
+    write_lock(project_root, new_lock)
+    crashpoint("rebase:finish:lock")
+    rel = str(report_dir.relative_to(project_root)) + "/report.md"
+    before = _state_dir(git) / "project" / "files" / CHANGELOG
+    _insert_changelog(
+        project_root,
+        _changelog_section(old_lock, new_lock, plan.source, outcomes, rel),
+        before.read_text(encoding="utf-8") if before.is_file() else "",
+    )
+    crashpoint("rebase:finish:changelog")
+    stack._record(git, project.digest(new_base), git.rev(stack.PATCHED_BRANCH))
+    crashpoint("rebase:finish:recorded")
+    for ref in ("onto", "head"):
+        git.run("update-ref", "-d", f"{REF_PREFIX}/{ref}", check=False)
+    (_state_dir(git) / "state.json").unlink()  # first: a kill in the rmtree leaves nothing to resume
+    shutil.rmtree(_state_dir(git))
+    lines = [f"rebased onto {new_lock.describe()}"] + _table(outcomes)
+    lines.append(f"exported: {len(res.written)} written, {len(res.unchanged)} unchanged, {len(res.removed)} removed")
+    lines.append(f"report: {rel}; CHANGELOG.md and upstream.lock updated (commit them)")
+    return lines
