@@ -5,7 +5,8 @@
 #   scripts/rerecord.sh 0.5.23 [--project DIR]      # then review `git diff resolutions/`
 # At each stop: a port file resolutions/VERSION/NAME is applied on the new upstream and
 # the rebase continues; a patch recorded as "drop" is skipped. The ports' own files
-# (their 0.5.23 headers) and `why` lines are kept; patch_sha256/conflict are renewed.
+# (their own headers) and `why` lines are kept; patch_sha256 and the conflict key are renewed
+# (also when the patch bytes did not change: a record made before conflict keys gets one).
 # A port is re-applied as it is: if the pinned patch gained behaviour, port it by hand.
 set -euo pipefail
 ver="$1"; shift
@@ -19,6 +20,9 @@ tmp="$(mktemp -d)"; trap 'rm -rf "$tmp"' EXIT
 mkdir "$tmp/project"
 for f in series upstream.lock patches resolutions CHANGELOG.md; do cp -r "$project/$f" "$tmp/project/"; done
 cp -r "$res" "$tmp/saved"
+# without this release's records the rebase stops at every conflict, so each port is recorded
+# as a hand resolution, keyed by the conflict it resolves (the pin in target.toml stays)
+rm -f "$tmp/project/resolutions/$ver/resolutions.toml" "$tmp/project/resolutions/$ver/"*.patch
 drops="$("${PYTHON:-python3}" -c 'import sys,tomllib; d=tomllib.load(open(sys.argv[1],"rb"))["patch"]; print(" ".join(n for n,r in d.items() if r["action"]=="drop"))' "$res/resolutions.toml")"
 sp apply --project "$tmp/project" --workdir "$tmp/wd" --source sdist --no-install >/dev/null
 set +e; out="$(sp rebase --project "$tmp/project" --workdir "$tmp/wd" --onto "$ver" 2>&1)"; rc=$?; set -e

@@ -28,8 +28,9 @@ A recorded resolution is keyed by the conflict it resolves (``conflict``: files 
 of every conflict region, hashed, like git rerere): any release that shows the same conflict gets
 it offered and merge-checked before use; another conflict refuses it (a record without a key is
 used only for the exact patch bytes, ``patch_sha256``, it was made for). Patches resolved by
-hand during a rebase (``--continue``) or dropped (``--skip``) are recorded there on success, so
-the next person replays the same rebase with one command.
+hand during a rebase (``--continue``) or dropped (``--skip``) are recorded there on success, with
+the key of the conflict they resolve (a "3-way but broken" stop has no conflict: its record is
+keyed by ``patch_sha256`` only), so the next person replays the same rebase with one command.
 
 A real rebase builds the new stack off to the side; on a conflict it puts DIR on a detached
 HEAD at the new stack so far, applies the patch with ``git apply --3way`` (markers in place)
@@ -105,6 +106,7 @@ class Outcome:
     hint: str = ""  # Applied-Upstream
     note: str = ""
     new_commit: str = ""
+    conflict: str = ""  # conflict_key() of a conflict / obsolete result ("" otherwise)
 
     @property
     def needs_human(self) -> bool:
@@ -833,6 +835,7 @@ def _step(
         o.note = f"Applied-Upstream says {hint!r}, but the change is not in the new tree: kept"
     rec = recs.get(name)
     key = conflict_key(git, tree, o.files) if o.status in ("conflict", "obsolete") else ""
+    o.conflict = key
     if key and (rec is None or rec.patch_sha256 != plan.sha256s[i]):
         rec = _rerere(Path(plan.project), name, key, plan.sha256s[i], o) or rec
     if rec is not None and rec.patch_sha256 != plan.sha256s[i] and not (key and rec.conflict == key):
@@ -1425,9 +1428,11 @@ def _finish(git: Git, plan: Plan) -> list[str]:
             action = plan.hand.get(name)
             if not action:
                 continue
-            subj = next(o.subject for o in outcomes if o.name == name)
-            data = stack.format_patch(git, by_subject[subj]) if action == "replace" else None
-            recs[name] = Recorded(action, f"resolved by hand during the rebase onto {new_lock.version}", plan.sha256s[k], data)
+            o = next(o for o in outcomes if o.name == name)
+            data = stack.format_patch(git, by_subject[o.subject]) if action == "replace" else None
+            # keyed by the conflict it resolves (rerere-like), so any release showing the same
+            # conflict is offered it; a 3-way-but-broken stop has no conflict: keyed by the patch
+            recs[name] = Recorded(action, f"resolved by hand during the rebase onto {new_lock.version}", plan.sha256s[k], data, o.conflict)
         write_resolutions(project_root, new_lock.version, recs)
         crashpoint("rebase:finish:resolutions")
     # 4. patches/ + series, lock (with the blobs of the files the new series touches), CHANGELOG
