@@ -400,7 +400,7 @@ def _add_watch(sub) -> None:
         "needs a human; 1 an error.",
     )
     p.add_argument("--project", help="project root holding series, patches/, upstream.lock (default: found from cwd)")
-    p.add_argument("--releases", metavar="A..B", help="only these releases (inclusive; either side may be empty)")
+    p.add_argument("--releases", metavar="A..B|A,B", help="only these releases: a range (inclusive; either side may be empty) or a comma-separated list")
     p.add_argument("--json", metavar="FILE", help="also write the matrix as JSON")
     p.add_argument("--markdown", metavar="FILE", help="also write a markdown report")
     p.add_argument("--jobs", type=int, metavar="N", help="classify releases in N processes (default: the CPUs, at most 4)")
