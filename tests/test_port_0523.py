@@ -299,16 +299,50 @@ def test_p1_layer_boundary_gate_and_workspace_size(tree, overrides, fake_sglang)
     assert "max_token_num=get_fuse_allreduce_max_tokens()," in runner
 
 
+def test_p1_layernorm_workspace_sized_and_fallback_reduces(tree, fake_sglang):
+    """Issue 13 on 0.5.23: the workspace layernorm asks for is the SM120 decode/verify size
+    (upstream asks for 2048 tokens: ~0.94 GB per GPU at TP8), and when the kernel declines
+    (flashinfer.comm unavailable) the reduction still runs (upstream's own fallback)."""
+    import torch
+
+    calls = []
+    fake_sglang("sglang.srt.distributed", tensor_model_parallel_all_reduce=None, tensor_model_parallel_fused_allreduce_rmsnorm=None,
+                attention_tensor_model_parallel_all_reduce=lambda x: calls.append("allreduce") or x * 8)
+    declined = [True]
+
+    def fused(**kw):
+        calls.append(("fused", kw["max_token_num"]))
+        return (None, None) if declined[0] else ("out", "res")
+
+    for pkg in ("sglang.srt.layers", "sglang.srt.layers.layer_boundary", "sglang.srt.layers.layer_boundary.residual", "sglang.srt.layers.moe"):
+        fake_sglang(pkg)
+    fake_sglang("sglang.srt.layers.flashinfer_comm_fusion", flashinfer_allreduce_residual_rmsnorm=fused)
+    fake_sglang("sglang.srt.layers.layer_boundary.residual.add_norm", get_fuse_allreduce_max_tokens=lambda: 32)
+    fake_sglang("sglang.srt.layers.moe.utils", deferred_post_experts_all_reduce=None)
+    ns = dict(Optional=__import__("typing").Optional, Union=__import__("typing").Union, Tuple=tuple, torch=torch, _use_aiter=False,
+              get_parallel=lambda: types.SimpleNamespace(attn_tp_size=8))
+    f = defs(tree / SRT / "layers/layernorm.py", ["_forward_with_allreduce_fusion"], ns)["_forward_with_allreduce_fusion"]
+    norm = types.SimpleNamespace(variance_epsilon=1e-6, forward=lambda x, r, p: (x, r))
+    x, res = torch.ones(4, 16), torch.zeros(4, 16)
+    out, _ = f(norm, x, res, None, torch.ones(16))
+    assert calls == [("fused", 32), "allreduce"] and torch.equal(out, x * 8)  # reduced, not skipped
+    calls.clear()
+    declined[0] = False
+    assert f(norm, torch.ones(40, 16), res, None, torch.ones(16)) == ("out", "res") and calls == [("fused", 40)]
+
+
 # --------------------------------------------------------------------------------------
 # P4 on 0.5.23
 
 FIELDS = {
-    "version", "name", "timer", "cycles", "batch_size",
+    "version", "name", "dp_rank", "pid", "timer", "cycles", "batch_size", "tokens", "requests",
     "draft_ms_median", "draft_ms_p90", "verify_ms_median", "verify_ms_p90",
     "extend_ms_median", "extend_ms_p90", "cycle_ms_median", "cycle_ms_p90",
-    "cycle_ms_mean", "verify_frac", "accept_length", "tok_s",
-    "baseline_step_ms", "break_even_accept_length",
-}  # fmt: skip
+    "cycle_ms_mean", "verify_frac", "accept_length", "tok_s_per_request", "throughput_tok_s",
+    "by_batch_size", "baseline_step_ms", "break_even_accept_length",
+}  # fmt: skip  (the version-2 record of the hardened 0.5.9 patch, issue 13 item 5)
+ENV = ("SGLANG_VERIFY_PROFILE", "SGLANG_VERIFY_PROFILE_INTERVAL", "SGLANG_VERIFY_PROFILE_FILE",
+       "SGLANG_VERIFY_PROFILE_BASELINE_STEP_MS", "SGLANG_BASELINE_STEP_MS")
 
 
 def load(name: str, path: Path):
@@ -322,11 +356,12 @@ def load(name: str, path: Path):
 @pytest.fixture
 def p4(tree, fake_sglang, monkeypatch):
     """environ.py and spec_profiler.py of the rebased tree, and EAGLEWorkerV2's cycle around stand-ins."""
-    for k in ("SGLANG_VERIFY_PROFILE", "SGLANG_VERIFY_PROFILE_INTERVAL", "SGLANG_VERIFY_PROFILE_FILE", "SGLANG_BASELINE_STEP_MS"):
+    for k in ENV:
         monkeypatch.delenv(k, raising=False)
     env = load("sglang.srt.environ", tree / SRT / "environ.py")
     sp = load("sglang.srt.speculative.spec_profiler", tree / SRT / "speculative/spec_profiler.py")
     trace = []
+    commits = []  # per verify: the committed tokens per request (bonus included); default [2, 3]
 
     class Draft:  # stands in for EagleDraftWorker
         parallel_layout = None
@@ -355,10 +390,11 @@ def p4(tree, fake_sglang, monkeypatch):
             import torch
 
             trace.append("verify")
-            return types.SimpleNamespace(accept_lens=torch.tensor([2, 3], dtype=torch.int32), new_seq_lens=None)
+            lens = commits.pop(0) if commits else [2, 3]
+            return types.SimpleNamespace(accept_lens=torch.tensor(lens, dtype=torch.int32), new_seq_lens=None)
 
     nullctx = lambda *a, **k: contextlib.nullcontext()  # noqa: E731
-    parallel = types.SimpleNamespace(tp_rank=0, pp_size=1)
+    parallel = types.SimpleNamespace(tp_rank=0, pp_size=1, dp_rank=3)
     ns = dict(draft_tp_context=nullctx, speculative_moe_backend_context=nullctx, spec_stage_span=nullctx,
               speculative_moe_a2a_backend_context=nullctx, envs=env.envs, get_parallel=lambda: parallel,
               PPProxyTensors=object, ScheduleBatch=object, EagleVerifyInput=object,
@@ -383,15 +419,24 @@ def p4(tree, fake_sglang, monkeypatch):
         return types.SimpleNamespace(forward_mode=mode, is_extend_in_batch=False, seq_lens=__import__("torch").ones(2),
                                      spec_info=types.SimpleNamespace(is_verify_input=lambda: False))
 
-    return types.SimpleNamespace(env=env, sp=sp, make=make, batch=batch, trace=trace)
+    return types.SimpleNamespace(env=env, sp=sp, make=make, batch=batch, trace=trace, commits=commits)
 
 
 def test_p4_env_switches_on_0523(p4, monkeypatch):
     envs = p4.env.envs
     assert envs.SGLANG_VERIFY_PROFILE.get() is False and envs.SGLANG_VERIFY_PROFILE_INTERVAL.get() == 100
-    assert envs.SGLANG_VERIFY_PROFILE_FILE.get() == "" and envs.SGLANG_BASELINE_STEP_MS.get() == 12.2
+    assert envs.SGLANG_VERIFY_PROFILE_FILE.get() == "" and envs.SGLANG_VERIFY_PROFILE_BASELINE_STEP_MS.get() == 12.2
     monkeypatch.setenv("SGLANG_VERIFY_PROFILE", "1")
     assert envs.SGLANG_VERIFY_PROFILE.get() is True
+    # the baseline under P4's own prefix; the old name is a deprecated alias (issue 13 item 5)
+    baseline = p4.sp.baseline_step_ms_from_env
+    assert envs.SGLANG_BASELINE_STEP_MS.get() is None and baseline() == 12.2
+    monkeypatch.setenv("SGLANG_BASELINE_STEP_MS", "20")
+    warned = []
+    monkeypatch.setattr(p4.sp.logger, "warning", lambda msg, *a: warned.append(msg))
+    assert baseline() == 20.0 and "SGLANG_BASELINE_STEP_MS is deprecated" in warned[0]
+    monkeypatch.setenv("SGLANG_VERIFY_PROFILE_BASELINE_STEP_MS", "15")
+    assert baseline() == 15.0 and len(warned) == 1  # the new name wins, no warning
 
 
 def test_p4_off_wraps_nothing(p4):
@@ -416,5 +461,30 @@ def test_p4_on_times_eagle_v2_cycles(p4, monkeypatch, tmp_path):
     assert p4.trace == ["draft", "verify", "extend"] * 4
     recs = [json.loads(line) for line in out.read_text().splitlines()]
     assert recs and FIELDS <= set(recs[0])
+    assert recs[0]["version"] == 2 and recs[0]["dp_rank"] == 3 and recs[0]["pid"] == __import__("os").getpid()
     assert recs[0]["accept_length"] == pytest.approx(2.5) and recs[0]["batch_size"] == 2
     assert recs[0]["baseline_step_ms"] == 12.2 and prof.num_events_created <= 4 * 9
+    assert recs[0]["break_even_accept_length"] is None  # no batch-1 cycle: no break-even verdict
+
+
+def test_p4_accept_length_weighted_by_requests_per_batch_size(p4, monkeypatch, tmp_path):
+    """Issue 13 item 5 on 0.5.23: a batch of 1 committing 4 tokens and a batch of 3 committing
+    1+1+1 is SGLang's accept len 7/4 = 1.75 (not the mean of per-cycle means, 2.5); tok/s per
+    request and throughput; per batch size; the break-even from the batch-1 cycles only."""
+    out = tmp_path / "profile.jsonl"
+    for k, v in (("SGLANG_VERIFY_PROFILE", "1"), ("SGLANG_VERIFY_PROFILE_INTERVAL", "2"), ("SGLANG_VERIFY_PROFILE_FILE", str(out))):
+        monkeypatch.setenv(k, v)
+    p4.commits[:] = [[4], [1, 1, 1]]
+    w = p4.make()
+    for _ in range(2):
+        w.forward_batch_generation(p4.batch())
+    w.spec_profiler.poll()
+    (rec,) = [json.loads(line) for line in out.read_text().splitlines()]
+    assert rec["accept_length"] == pytest.approx(1.75) and rec["tokens"] == 7 and rec["requests"] == 4
+    assert set(rec["by_batch_size"]) == {"1", "3"}
+    one, three = rec["by_batch_size"]["1"], rec["by_batch_size"]["3"]
+    assert one["accept_length"] == 4 and three["accept_length"] == 1 and one["cycles"] == three["cycles"] == 1
+    total_ms = one["cycle_ms_mean"] + three["cycle_ms_mean"]
+    assert rec["throughput_tok_s"] == pytest.approx(1e3 * 7 / total_ms)
+    assert rec["tok_s_per_request"] == pytest.approx(1e3 * 1.75 / (total_ms / 2))
+    assert rec["break_even_accept_length"] == pytest.approx(one["cycle_ms_mean"] / 12.2)
