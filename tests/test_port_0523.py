@@ -488,3 +488,36 @@ def test_p4_accept_length_weighted_by_requests_per_batch_size(p4, monkeypatch, t
     assert rec["throughput_tok_s"] == pytest.approx(1e3 * 7 / total_ms)
     assert rec["tok_s_per_request"] == pytest.approx(1e3 * 1.75 / (total_ms / 2))
     assert rec["break_even_accept_length"] == pytest.approx(one["cycle_ms_mean"] / 12.2)
+
+
+# --------------------------------------------------------------------------------------
+# apply --venv for a wheel-only release: the pins from the locked wheel
+
+
+def test_venv_dry_run_reads_the_pins_from_the_locked_wheel(rebased, tmp_path):
+    """`apply --venv --dry-run` on the replay's 0.5.23 project: no --release-artifact; the
+    release's Requires-Dist come from the locked wheel (index-verified, sglpatch.artifacts)."""
+    import os
+    import shutil
+
+    uv = shutil.which("uv") or shutil.which("uv", path=os.path.dirname(sys.executable))
+    if not uv:
+        pytest.skip("uv not found (the dry run resolves with uv here)")
+    project = rebased[0]
+    assert 'filename = "sglang-0.5.23-cp311' in (project / "upstream.lock").read_text()
+    new = tmp_path / "new"
+    env = dict(os.environ, PATH=f"{os.path.dirname(uv)}:{os.environ['PATH']}")
+    proc = sglpatch("apply", "--project", str(project), "--workdir", str(tmp_path / "fork"), "--venv", str(new), "--dry-run",
+                    "--python", sys.executable, env=env)
+    assert "requirements from sglang-0.5.23-cp311-cp311-manylinux_2_34_x86_64.whl" in proc.stderr, proc.stderr[-2000:]
+    assert "pass --release-artifact" not in proc.stderr and "pip download of sglang==0.5.23 failed" not in proc.stderr
+    verdict = proc.stdout.strip().splitlines()[-1]
+    assert verdict.startswith("preflight: verdict: "), proc.stdout[-2000:] + proc.stderr[-2000:]
+    if proc.returncode == 0:  # resolved for this interpreter: the release's own pins
+        pins = proc.stdout.split("the release's pins: ", 1)[1].split("\n", 1)[0].split()
+        assert {"torch==2.14.1", "flashinfer-python==0.7.2", "sglang-kernel==0.4.10", "transformers==5.19.0"} <= set(pins)
+    else:  # this machine's Python cannot take the pins: one line per failed condition
+        fails = [line for line in proc.stdout.splitlines() if line.startswith("preflight: FAIL")]
+        assert proc.returncode == 1 and fails and all(len(line) < 400 for line in fails), proc.stdout[-2000:]
+        assert "preflight refused" in proc.stderr.strip().splitlines()[-1]
+    assert not new.exists() and not (tmp_path / "fork").exists()

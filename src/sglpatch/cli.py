@@ -223,7 +223,7 @@ def _add_core(sub) -> None:
     )
     p.add_argument("--dry-run", action="store_true", help="with --venv: print the preflight verdict and the resolved plan; change nothing")
     p.add_argument("--with-flashinfer", action="store_true", help="with --venv: P1 will be enabled (flashinfer >= 0.6.17; nvcc >= 12.9 on SM12x)")
-    p.add_argument("--release-artifact", metavar="PATH", help="with --venv: the release's sdist or wheel to read the pins from (default: the locked sdist)")
+    p.add_argument("--release-artifact", metavar="PATH", help="with --venv: the release's sdist or wheel to read the pins from (default: the locked sdist or wheel, index-verified)")
     p.set_defaults(func=_cmd_apply)
 
     p = sub.add_parser("export", help="write upstream..patched back to patches/ and series (byte-stable)")
