@@ -3,6 +3,7 @@
 #
 #   scripts/watch.sh                                     # terminal matrix; exit 3: the newest release needs a human
 #   scripts/watch.sh --releases 0.5.21..0.5.23           # only these releases
+#   scripts/watch.sh --releases 0.5.10,0.5.21,0.5.23     # exactly these releases
 #   scripts/watch.sh --json r.json --markdown r.md       # also JSON + a markdown report to paste into an issue
 #   scripts/watch.sh --recheck                           # classify every release again (a rerun reuses what it found)
 #

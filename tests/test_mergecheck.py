@@ -108,3 +108,20 @@ def test_merge_check_clean_on_sound_merge(base_0510):
     broken = edit(g, base, {CAR: text + "\n\ndef sglpatch_bad(:\n"})
     (p,) = mergecheck.check(g, base, base, broken, [CAR])
     assert p.startswith(f"{CAR}:") and "does not compile" in p
+
+
+def test_upstream_redefinition_moved_by_the_patch_is_not_new(base_0510):
+    """Upstream's own 'redefinition ... from line N' moves with lines the patch adds above it
+    (0.5.23's add_norm.py under P1): the same message at other line numbers is not new."""
+    from sglpatch import mergecheck
+
+    g, base = base_0510
+    text = show(g, base, CAR)
+    dup = "\n\ndef sglpatch_dup():\n    return 1\n\n\ndef sglpatch_dup():\n    return 2\n"
+    upstream = edit(g, base, {CAR: text + dup})  # upstream already has the redefinition
+    merged = edit(g, upstream, {CAR: "# added by the patch\n# above it\n" + text + dup})
+    assert mergecheck.check(g, upstream, upstream, merged, [CAR]) == []
+    # a redefinition the patch adds is still caught
+    worse = edit(g, upstream, {CAR: text + dup + "\n\ndef sglpatch_dup():\n    return 3\n"})
+    probs = mergecheck.check(g, base, upstream, worse, [CAR])
+    assert any("redefinition of unused 'sglpatch_dup'" in p for p in probs), probs

@@ -206,6 +206,12 @@ def test_continue_after_scripted_resolution_then_replay_is_unattended(synth_copy
     assert (project / "rebase-reports" / "0.5.9..0.5.10.post1" / "dropped" / P3).is_file()
     rec = project / "resolutions" / TARGET
     assert (rec / "0002-custom-ar-gate.patch").is_file() and "replace" in (rec / "resolutions.toml").read_text()
+    # the hand resolution is keyed by the conflict it resolves (rerere-like), the key the lookup computes
+    from sglpatch import rebase
+
+    recorded = rebase.read_resolutions(project, TARGET)[0]["0002-custom-ar-gate.patch"]
+    stopped = next(o for o in rebase.dry_run(pristine, pristine_wd, TARGET).outcomes if o.name == "0002-custom-ar-gate.patch")
+    assert stopped.status == "conflict" and len(stopped.conflict) == 64 and recorded.conflict == stopped.conflict
     # the workdir is the new stack, in sync, and the export is a no-op
     assert git(workdir, "rev-parse", "--abbrev-ref", "HEAD") == "patched"
     assert "in sync" in "\n".join(stack.status(project, workdir))

@@ -1,15 +1,16 @@
 """Wheels as an upstream source, index-verified artifacts, supersession, resolutions reused
 across releases, and `sglpatch watch`, on real registry artifacts with real git.
 
-Three releases at most: 0.5.10.post1 (sdist), 0.5.21 (a wheel) and 0.5.23 (the newest when
-this was written; wheel-only). Trees are cached in $SGLPATCH_CACHE/trees.git.
+Three releases at most (the CI budget of issue 11): 0.5.10 (sdist; the dry run without a
+commit id), 0.5.21 (a wheel) and 0.5.23 (the newest when this was written; wheel-only). The
+committed 0.5.10.post1 records are read, never its tree. Trees are cached in
+$SGLPATCH_CACHE/trees.git.
 """
 
 from __future__ import annotations
 
 import json
 import shutil
-from pathlib import Path
 
 import pytest
 
@@ -19,6 +20,7 @@ from sglpatch import upstream as up
 from sglpatch.gitcmd import Git
 from sglpatch.lock import UNKNOWN_COMMIT, Lock
 
+SDIST = "0.5.10"
 WHEEL = "0.5.21"
 NEWEST = "0.5.23"
 P2 = "0002-pcie-custom-allreduce.patch"
@@ -30,7 +32,7 @@ def trees():
     """version -> (git of the cache repo, tree commit, artifact path)."""
     cg = treecache.cache_repo()
     out = {}
-    for v, kind in (("0.5.10.post1", "sdist"), (WHEEL, "wheel"), (NEWEST, "wheel")):
+    for v, kind in ((SDIST, "sdist"), (WHEEL, "wheel"), (NEWEST, "wheel")):
         art, path = artifacts.fetch("sglang", v, kind)
         out[v] = (cg, treecache.tree_commit(cg, kind, path, art.sha256), path)
     return out
@@ -41,7 +43,7 @@ def p2() -> series.PatchFile:
 
 
 def test_index_lists_wheel_only_releases():
-    assert artifacts.kinds_offered("sglang", "0.5.10.post1")[0] == "sdist"
+    assert artifacts.kinds_offered("sglang", SDIST)[0] == "sdist"
     assert artifacts.kinds_offered("sglang", WHEEL) == ["wheel"]
     art = artifacts.choose("sglang", WHEEL, "wheel")
     assert art.filename.endswith("-cp311-cp311-manylinux_2_34_x86_64.whl") and len(art.sha256) == 64
@@ -108,45 +110,45 @@ def test_supersession_holds_only_with_the_dependency(trees):
     assert deps["flashinfer-python"] == "==0.6.18"
     r = supersede.probe(cg, wheel, p2(), deps)
     assert not r.holds and "0.6.18 has no PcieIpcAllReduceWorkspace" in r.evidence and "dependency missing" in r.evidence
-    # 0.5.10.post1: upstream has no replacement: nothing to say
-    cg, old, path = trees["0.5.10.post1"]
-    r = supersede.probe(cg, old, p2(), watch.dep_pins(path, "0.5.10.post1"))
+    # 0.5.10: upstream has no replacement: nothing to say
+    cg, old, path = trees[SDIST]
+    r = supersede.probe(cg, old, p2(), watch.dep_pins(path, SDIST))
     assert not r.holds and r.evidence == ""
 
 
-def _plant_resolution(project: Path, target: str, conflict: str):
-    """Move the committed 0.5.10.post1 resolution of P2 to another release's folder, as if
-    it had been recorded there, with the given conflict key."""
-    recs, _ = rebase.read_resolutions(project, "0.5.10.post1")
-    rec = recs[P2]
-    rec.conflict = conflict
-    shutil.rmtree(project / "resolutions" / "0.5.10.post1")
-    rebase.write_resolutions(project, target, {P2: rec})
-
-
 def test_recorded_resolution_reused_for_same_conflict_refused_for_another(trees, tmp_path):
-    key = rebase.read_resolutions(ROOT, "0.5.10.post1")[0][P2].conflict  # the committed record's conflict
-    assert len(key) == 64
-    # the same conflict, recorded for another release: offered, merge-checked, used
-    project = copy_project(tmp_path / "same")
-    _plant_resolution(project, "0.5.10", key)
-    res = watch.run(project, "0.5.10.post1..0.5.10.post1")
+    """The committed 0.5.10.post1 record of P2 is keyed by its conflict (sglpatch rebase
+    --continue, scripts/rerecord.sh); 0.5.10 shows the same conflict: offered, merge-checked,
+    used; the newest shows another: refused."""
+    recs = rebase.read_resolutions(ROOT, "0.5.10.post1")[0]
+    assert all(len(r.conflict) == 64 for r in recs.values()), recs  # every committed record is keyed
+    project = copy_project(tmp_path / "project")
+    shutil.rmtree(project / "resolutions" / NEWEST)  # the newest's own records (issue 12) would answer first
+    res = watch.run(project, SDIST)
     cell = res["rows"][0]["cells"][P2]
-    assert cell["status"] == "recorded" and cell["text"] == "resolved (recorded for 0.5.10)", cell
-    # on the newest release P2 conflicts differently: the recording is refused there
-    res = watch.run(project, f"{NEWEST}..{NEWEST}")
+    assert cell["status"] == "recorded" and cell["text"] == "resolved (recorded for 0.5.10.post1)", cell
+    # without the key (a record made for other patch bytes), the same conflict is not enough
+    recs[P2].conflict, recs[P2].patch_sha256 = "", "0" * 64
+    rebase.write_resolutions(project, "0.5.10.post1", recs)
+    cell = watch.run(project, SDIST)["rows"][0]["cells"][P2]
+    assert cell["status"] == "conflict" and cell["needs_human"], cell
+    # on the newest release P2 conflicts differently: the keyed recording is refused there
+    rebase.write_resolutions(project, "0.5.10.post1", rebase.read_resolutions(ROOT, "0.5.10.post1")[0])
+    res = watch.run(project, NEWEST)
     cell = res["rows"][0]["cells"][P2]
     assert cell["status"] == "superseded"  # the probe holds on the newest release
-    assert any("the recorded resolution for 0.5.10 is for another conflict: not used" in d for d in cell["details"]), cell
+    assert any("the recorded resolution for 0.5.10.post1 is for another conflict: not used" in d for d in cell["details"]), cell
 
 
 def test_watch_cli_matrix_json_markdown(trees, tmp_path):
     out_json, out_md = tmp_path / "w.json", tmp_path / "w.md"
-    res = sglpatch("watch", "--project", str(ROOT), "--releases", f"{WHEEL}..{NEWEST}", "--json", str(out_json), "--markdown", str(out_md))
+    project = copy_project(tmp_path / "project")
+    shutil.rmtree(project / "resolutions" / NEWEST, ignore_errors=True)  # without the recorded rebase (issue 12)
+    res = sglpatch("watch", "--project", str(project), "--releases", f"{WHEEL},{NEWEST}", "--json", str(out_json), "--markdown", str(out_md))
     assert res.returncode == 3, res.stdout + res.stderr  # the newest needs a human (P1/P4 conflict)
     assert res.stdout.splitlines()[1].split()[:5] == ["release", "P1", "P2", "P3", "P4"]
     rows = {line.split()[0]: line.split()[1:5] for line in res.stdout.splitlines() if line[:5] == "0.5.2"}
-    assert set(rows) == {"0.5.21", "0.5.22", "0.5.23"}
+    assert set(rows) == {WHEEL, NEWEST}  # the list, not the range (no 0.5.22)
     assert rows[NEWEST][1] == "superseded" and rows[WHEEL][1] != "superseded" and rows[NEWEST][2] == "upstream"
     data = json.loads(out_json.read_text())
     assert data["newest"] == NEWEST and data["newest_verdict"] == "human"
@@ -157,7 +159,7 @@ def test_watch_cli_matrix_json_markdown(trees, tmp_path):
 
 def test_second_run_reuses_the_classification_recheck_and_new_inputs_redo_it(trees, tmp_path, monkeypatch):
     project = copy_project(tmp_path / "project")
-    spec = "0.5.10.post1..0.5.10.post1"
+    spec = SDIST
     first = watch.run(project, spec, recheck=True)
     calls = []
     real = rebase.classify

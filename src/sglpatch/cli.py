@@ -223,7 +223,7 @@ def _add_core(sub) -> None:
     )
     p.add_argument("--dry-run", action="store_true", help="with --venv: print the preflight verdict and the resolved plan; change nothing")
     p.add_argument("--with-flashinfer", action="store_true", help="with --venv: P1 will be enabled (flashinfer >= 0.6.17; nvcc >= 12.9 on SM12x)")
-    p.add_argument("--release-artifact", metavar="PATH", help="with --venv: the release's sdist or wheel to read the pins from (default: the locked sdist)")
+    p.add_argument("--release-artifact", metavar="PATH", help="with --venv: the release's sdist or wheel to read the pins from (default: the locked sdist or wheel, index-verified)")
     p.set_defaults(func=_cmd_apply)
 
     p = sub.add_parser("export", help="write upstream..patched back to patches/ and series (byte-stable)")
@@ -400,7 +400,7 @@ def _add_watch(sub) -> None:
         "needs a human; 1 an error.",
     )
     p.add_argument("--project", help="project root holding series, patches/, upstream.lock (default: found from cwd)")
-    p.add_argument("--releases", metavar="A..B", help="only these releases (inclusive; either side may be empty)")
+    p.add_argument("--releases", metavar="A..B|A,B", help="only these releases: a range (inclusive; either side may be empty) or a comma-separated list")
     p.add_argument("--json", metavar="FILE", help="also write the matrix as JSON")
     p.add_argument("--markdown", metavar="FILE", help="also write a markdown report")
     p.add_argument("--jobs", type=int, metavar="N", help="classify releases in N processes (default: the CPUs, at most 4)")

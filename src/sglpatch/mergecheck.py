@@ -62,15 +62,21 @@ def _flakes_of(git: Git, commit: str, path: str) -> tuple[str | None, list[list]
     key = f"{got[0]}-{re.sub(r'[^A-Za-z0-9_.]', '_', path.rsplit('/', 1)[-1])}"  # pyflakes reads __init__.py differently
     msgs = _FLAKES.get(key)
     if msgs is None:
-        msgs = treecache.load_facts("flakes", key).get("messages")
+        msgs = treecache.load_facts("flakes2", key).get("messages")
         if msgs is None:
-            msgs = [[type(m).__name__, [str(a) for a in m.message_args], m.lineno, m.message % m.message_args] for m in _flakes(text, path)]
-            treecache.save_facts("flakes", key, {"messages": msgs})
+            msgs = [[type(m).__name__, _args(m), m.lineno, m.message % m.message_args] for m in _flakes(text, path)]
+            treecache.save_facts("flakes2", key, {"messages": msgs})
         _FLAKES[key] = msgs
     return text, msgs
 
 
 _FLAKES: dict[str, list[list]] = {}
+
+
+def _args(m) -> list[str]:
+    # line numbers in the arguments ("redefinition of unused 'x' from line 64") move with
+    # every line the patch adds above them: they do not make an upstream message new
+    return ["#" if isinstance(a, int) else str(a) for a in m.message_args]
 
 
 def _key(m: list) -> tuple:

@@ -23,7 +23,7 @@ from email.parser import Parser
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
-from sglpatch import preflight, upstream
+from sglpatch import artifacts, preflight, upstream
 from sglpatch.errors import SglpatchError, say
 from sglpatch.install import find_uv
 from sglpatch.lock import read_lock
@@ -193,6 +193,15 @@ def guard_workdir(workdir: Path, python: str) -> None:
         )
 
 
+def release_artifact(lock) -> Path:
+    """The locked release's own artifact, to read its Requires-Dist from: the sdist, or for a
+    wheel-only release (0.5.11 on) the locked wheel, fetched and checked against the sha256 the
+    index publishes and the one the lock records (sglpatch.artifacts)."""
+    if lock.artifact_kind == "wheel":
+        return artifacts.fetch(lock.name, lock.version, "wheel", expect_sha256=lock.sdist_sha256)[1]
+    return upstream.fetch_sdist(lock)
+
+
 @dataclass
 class Prepared:
     venv_dir: Path
@@ -216,7 +225,7 @@ def prepare(project: Path, venv_dir: Path, python: str, installer: str, p1: bool
     if venv_dir.exists() and (not venv_dir.is_dir() or any(venv_dir.iterdir())):
         raise SglpatchError(f"--venv {venv_dir} exists and is not empty; apply --venv only builds a NEW venv: pick a new directory")
     lock = read_lock(project)
-    artifact = Path(artifact) if artifact else upstream.fetch_sdist(lock)
+    artifact = Path(artifact) if artifact else release_artifact(lock)
     name, version, reqs = release_metadata(artifact)
     if norm(name) != norm(lock.name) or version != lock.version:
         raise SglpatchError(f"{artifact.name} is {name} {version}, but upstream.lock pins {lock.name} {lock.version}")

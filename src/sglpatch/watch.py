@@ -118,8 +118,15 @@ def _cell(o: rebase.Outcome, version: str) -> Cell:
 
 
 def _parse_range(spec: str | None, name: str, pinned: str) -> list[str]:
+    """None: every release after the pin; "A..B": the releases from A to B (either side may be
+    empty); "A,B,C": exactly these (each item may itself be a range), ascending, once each."""
     if not spec:
         return artifacts.releases(name, after=pinned)
+    if "," in spec:
+        from packaging.version import Version
+
+        out = {v for part in spec.split(",") if part.strip() for v in _parse_range(part.strip(), name, pinned)}
+        return sorted(out, key=Version)
     if ".." not in spec:
         return [spec]
     a, b = spec.split("..", 1)

@@ -28,8 +28,9 @@ A recorded resolution is keyed by the conflict it resolves (``conflict``: files 
 of every conflict region, hashed, like git rerere): any release that shows the same conflict gets
 it offered and merge-checked before use; another conflict refuses it (a record without a key is
 used only for the exact patch bytes, ``patch_sha256``, it was made for). Patches resolved by
-hand during a rebase (``--continue``) or dropped (``--skip``) are recorded there on success, so
-the next person replays the same rebase with one command.
+hand during a rebase (``--continue``) or dropped (``--skip``) are recorded there on success, with
+the key of the conflict they resolve (a "3-way but broken" stop has no conflict: its record is
+keyed by ``patch_sha256`` only), so the next person replays the same rebase with one command.
 
 A real rebase builds the new stack off to the side; on a conflict it puts DIR on a detached
 HEAD at the new stack so far, applies the patch with ``git apply --3way`` (markers in place)

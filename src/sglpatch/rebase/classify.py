@@ -106,6 +106,7 @@ def _step(
         o.note = f"Applied-Upstream says {hint!r}, but the change is not in the new tree: kept"
     rec = recs.get(name)
     key = conflict_key(git, tree, o.files) if o.status in ("conflict", "obsolete") else ""
+    o.conflict = key
     if key and (rec is None or rec.patch_sha256 != plan.sha256s[i]):
         rec = _rerere(Path(plan.project), name, key, plan.sha256s[i], o) or rec
     if rec is not None and rec.patch_sha256 != plan.sha256s[i] and not (key and rec.conflict == key):

@@ -52,6 +52,7 @@ class Outcome:
     hint: str = ""  # Applied-Upstream
     note: str = ""
     new_commit: str = ""
+    conflict: str = ""  # conflict_key() of a conflict / obsolete result ("" otherwise)
 
     @property
     def needs_human(self) -> bool:

@@ -404,9 +404,12 @@ def _finish(git: Git, plan: Plan) -> list[str]:
             action = plan.hand.get(name)
             if not action:
                 continue
-            subj = next(o.subject for o in outcomes if o.name == name)
-            data = stack.format_patch(git, by_subject[subj]) if action == "replace" else None
-            recs[name] = Recorded(action, f"resolved by hand during the rebase onto {new_lock.version}", plan.sha256s[k], data)
+            o = next(o for o in outcomes if o.name == name)
+            data = stack.format_patch(git, by_subject[o.subject]) if action == "replace" else None
+            # keyed by the conflict it resolves (rerere-like), so any release showing the same
+            # conflict is offered it; a 3-way-but-broken stop has no conflict: keyed by the patch
+            recs[name] = Recorded(action, f"resolved by hand during the rebase onto {new_lock.version}", plan.sha256s[k], data,
+                                  o.conflict)
         write_resolutions(project_root, new_lock.version, recs)
         crashpoint("rebase:finish:resolutions")
     # 4. patches/ + series, lock (with the blobs of the files the new series touches), CHANGELOG
