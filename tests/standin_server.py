@@ -36,7 +36,7 @@ carries P2 (with SGLANG_ENABLE_PCIE_CUSTOM_AR=1 it logs P2's custom-allreduce li
 0.5.21 P2 is gone and SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=1 gives upstream's PCIe-IPC lines;
 otherwise SGLang's "Custom allreduce is disabled" warning (NCCL serves).  The lines are the
 real modules' messages.  STANDIN_SPEED multiplies --tok-s, STANDIN_ACCEPT_LENGTH replaces
---accept-length.
+--accept-length where it is above 1 (a speculating mode).
 """
 
 from __future__ import annotations
@@ -258,7 +258,7 @@ def main() -> int:
     p.add_argument("--enable-flashinfer-allreduce-fusion", action="store_true")
     ARGS, _extra = p.parse_known_args()  # accept SGLang-style flags we do not use
     ARGS.tok_s *= float(os.environ.get("STANDIN_SPEED", "1"))
-    if os.environ.get("STANDIN_ACCEPT_LENGTH"):
+    if os.environ.get("STANDIN_ACCEPT_LENGTH") and ARGS.accept_length > 1:  # speculating modes only
         ARGS.accept_length = float(os.environ["STANDIN_ACCEPT_LENGTH"])
 
     log(f"standin server pid {os.getpid()} mode {ARGS.mode} args {sys.argv[1:]}")

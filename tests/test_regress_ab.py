@@ -117,6 +117,7 @@ def test_ab_compares_two_installs_in_one_report(tmp_path, patched_python, tokeni
     assert rows["no_spec"]["ratio_b_over_a"][tok] > 1.3  # B decodes twice as fast
     assert rows["eagle3"]["a"]["accept_length"] == 2.0 and rows["eagle3"]["b"]["accept_length"] == 3.0
     assert rows["eagle3"]["ratio_b_over_a"]["accept_length"] == 1.5
+    assert rows["no_spec"]["a"]["accept_length"] is None is rows["no_spec"]["b"]["accept_length"]
     # P4's verify ms (median of the records' verify_ms_median): step 20 ms on A, 15 ms on B
     va, vb = rows["eagle3"]["a"]["verify_ms_p4"], rows["eagle3"]["b"]["verify_ms_p4"]
     assert 15 < va < 40 and 10 < vb < 35 and rows["eagle3"]["ratio_b_over_a"]["verify_ms_p4"] < 0.95
@@ -180,6 +181,12 @@ def test_allreduce_backend_from_the_real_log_lines(tmp_path):
         assert ev["fusion"] == fus and ev["selected_by"] == {"--enable-flashinfer-allreduce-fusion": True}
     ev = allreduce_backend(_log(tmp_path, off), {}, ["--enable-flashinfer-allreduce-fusion"])
     assert ev["fusion"] == "flag set, no fusion line in the log"
+    p1_off = ("[TP0] FlashInfer allreduce fusion is disabled because SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=1 hands the "
+              "decode/verify reductions to the PCIe-IPC allreduce on SM120. Using the unfused allreduce.")
+    ev = allreduce_backend(_log(tmp_path, p1_off, off, ipc), {"SGLANG_ENABLE_PCIE_IPC_ALLREDUCE": "1"},
+                           ["--flashinfer-allreduce-fusion-backend", "trtllm"])
+    assert ev["backend"] == IPC_NAME and ev["fusion"] == p1_off
+    assert ev["selected_by"] == {"SGLANG_ENABLE_PCIE_IPC_ALLREDUCE": "1", "--flashinfer-allreduce-fusion-backend": "trtllm"}
 
 
 def test_version_rules_and_p4_verify_ms():
@@ -192,6 +199,9 @@ def test_version_rules_and_p4_verify_ms():
     assert regress_server.verify_ms_of(vp) == 21.5
     assert regress_server.verify_ms_of({"last": {"verify_ms": {"median": 7.0}}}) == 7.0
     assert regress_server.verify_ms_of(None) is None
+    from sglpatch.gpu.server_ab import install_label
+
+    assert install_label(str(Path.home() / "ml-env" / "bin" / "python3"), "0.5.9") == "0.5.9 (~/ml-env)"
 
 
 def test_ab_usage_errors(tmp_path):

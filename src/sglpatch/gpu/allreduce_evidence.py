@@ -11,8 +11,10 @@ The lines are the real modules' messages:
   serves unless PCIe-IPC took over;
 - flashinfer's allreduce fusion (P1 on 0.5.9: "FlashInfer workspace initialized for rank R, world_size
   N"; 0.5.23: "FlashInfer AllReduce Fusion enabled and workspace initialized: backend=...")
-  serves the allreduces fused with the residual add + RMSNorm (--enable-flashinfer-allreduce-fusion);
-  reported beside the main backend.
+  serves the allreduces fused with the residual add + RMSNorm (--enable-flashinfer-allreduce-fusion,
+  0.5.23 also --flashinfer-allreduce-fusion-backend); reported beside the main backend.  P1 on 0.5.23
+  switches the fusion off on SM120 when SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=1 ("FlashInfer allreduce
+  fusion is disabled because SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=1 hands ...": the fusion line then says so).
 
 SGLang tries its custom allreduce before PCIe-IPC, so when both are on, P2 takes the small tensors.
 """
@@ -32,6 +34,7 @@ FUSION_OFF = re.compile(r"FlashInfer allreduce fusion (is )?disabled|AllReduce f
 SWITCHES = ("SGLANG_ENABLE_PCIE_CUSTOM_AR", "SGLANG_PCIE_CUSTOM_AR_MAX_BYTES", "SGLANG_ENABLE_PCIE_IPC_ALLREDUCE",
             "SGLANG_PCIE_IPC_MAX_NUMEL")
 FUSION_FLAG = "--enable-flashinfer-allreduce-fusion"
+FUSION_BACKEND_FLAG = "--flashinfer-allreduce-fusion-backend"
 
 P2_NAME, IPC_NAME, NCCL_NAME, UNKNOWN = ("custom allreduce (P2)", "PCIe-IPC (upstream)", "NCCL",
                                          "unknown (no evidence in the log)")
@@ -49,8 +52,12 @@ def allreduce_backend(log_path: Path, env: dict, args: list[str]) -> dict:
     except OSError:
         lines = []
     sel = {k: env[k] for k in SWITCHES if k in env}
-    if FUSION_FLAG in [str(a) for a in args]:
+    args = [str(a) for a in args]
+    if FUSION_FLAG in args:
         sel[FUSION_FLAG] = True
+    for i, a in enumerate(args):  # 0.5.23: --flashinfer-allreduce-fusion-backend NAME
+        if a.startswith(FUSION_BACKEND_FLAG):
+            sel[FUSION_BACKEND_FLAG] = a.split("=", 1)[1] if "=" in a else (args[i + 1] if i + 1 < len(args) else "")
     out: dict = {"selected_by": sel, "fusion": None}
     p2, ipc_on, ipc_off = _first(lines, P2), _first(lines, IPC_ON), _first(lines, IPC_GAVE_UP)
     off = _first(lines, CUSTOM_OFF)
@@ -70,7 +77,7 @@ def allreduce_backend(log_path: Path, env: dict, args: list[str]) -> dict:
     fused = _first(lines, FUSION_ON)
     if fused:
         out["fusion"] = fused
-    elif sel.get(FUSION_FLAG):
+    elif sel.get(FUSION_FLAG) or sel.get(FUSION_BACKEND_FLAG):
         out["fusion"] = _first(lines, FUSION_OFF) or "flag set, no fusion line in the log"
     return out
 
