@@ -8,7 +8,6 @@ no process survives."""
 from __future__ import annotations
 
 import json
-import os
 import stat
 import textwrap
 import time
@@ -213,7 +212,16 @@ def test_ab_usage_errors(tmp_path):
     with pytest.raises(SglpatchError, match="do not go together"):
         regress.run_regress("server", "rtx6000x8-kimi-k25", str(tmp_path / "r"), str(root), ab="a,b",
                             parity_with=str(tmp_path))
-    assert os.environ.get("SGLANG_ENABLE_PCIE_IPC_ALLREDUCE") is None
+    no_sglang = tmp_path / "bare" / "bin" / "python3"  # an interpreter without sglang: refused before A runs
+    no_sglang.parent.mkdir(parents=True)
+    no_sglang.write_text("#!/bin/sh\nexec python3 -S \"$@\"\n")
+    no_sglang.chmod(0o755)
+    with pytest.raises(SglpatchError, match="not an executable file"):
+        regress.run_regress("server", "rtx6000x8-kimi-k25", str(tmp_path / "r"), str(root),
+                            ab=f"{tmp_path / 'missing' / 'python3'},{no_sglang}")
+    with pytest.raises(SglpatchError, match=r"--ab: A .*sglang does not import"):
+        regress.run_regress("server", "rtx6000x8-kimi-k25", str(tmp_path / "r"), str(root), ab=f"{no_sglang},{no_sglang}")
+    assert not list((tmp_path / "r").glob("*/server-*.log"))  # nothing was launched
 
 
 def test_target_profile_turns_pcie_ipc_on_from_0521():

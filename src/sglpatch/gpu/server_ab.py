@@ -10,13 +10,14 @@ ratios never fail the tier.  Each side's files are in DIR/A and DIR/B.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from sglpatch.errors import say
 from sglpatch.gpu.allreduce_evidence import describe
 from sglpatch.gpu.profiles import expand, usage_error
 from sglpatch.gpu.report import TierResult, fmt
-from sglpatch.gpu.server import tier_server, verify_ms_of
+from sglpatch.gpu.server import imported_sglang, tier_server, verify_ms_of
 
 # (key in a side's row, label, digits); B/A is given for each
 METRICS = (("single_stream_tok_s", "single-stream tok/s (1000/median TPOT)", 1),
@@ -66,6 +67,13 @@ def tier_server_ab(prof: dict, project: Path, report_dir: Path, base_env: dict, 
     srv = prof.get("server")
     if not srv:
         return tier_server(prof, project, report_dir, base_env, modes=modes)
+    # both installs are checked before A's first (hour-long) load, not after it
+    for key, python in zip(("A", "B"), pythons):
+        if not (Path(python).is_file() and os.access(python, os.X_OK)):
+            raise usage_error(f"--ab: {key}'s interpreter {python} is not an executable file")
+        by = imported_sglang(python, base_env, project)
+        if by.get("error"):
+            raise usage_error(f"--ab: {key} ({python}): {by['error']}")
     sides = []
     for key, python in zip(("A", "B"), pythons):
         side_dir = report_dir / key
