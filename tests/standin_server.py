@@ -28,7 +28,15 @@ At start it spawns a child in its own process group and, from that child, a gran
 that leaves the session (setsid) and ignores SIGTERM, like a stubborn worker; their PIDs
 go to --pid-file as JSON so a test can prove that the orchestrator ended them all.
 With SGLANG_VERIFY_PROFILE=1 and SGLANG_VERIFY_PROFILE_FILE set and --accept-length > 1
-it appends P4-style JSON lines per request.
+it appends one JSON line per request in P4's format (version 2: `verify_ms_median`, ...).
+
+A second "install" for the A/B tests: STANDIN_SGLANG_VERSION (default 0.0.0-standin) is the
+version /get_server_info reports and picks the series the stand-in plays: below 0.5.21 it
+carries P2 (with SGLANG_ENABLE_PCIE_CUSTOM_AR=1 it logs P2's custom-allreduce line), from
+0.5.21 P2 is gone and SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=1 gives upstream's PCIe-IPC lines;
+otherwise SGLang's "Custom allreduce is disabled" warning (NCCL serves).  The lines are the
+real modules' messages.  STANDIN_SPEED multiplies --tok-s, STANDIN_ACCEPT_LENGTH replaces
+--accept-length where it is above 1 (a speculating mode).
 """
 
 from __future__ import annotations
@@ -66,6 +74,30 @@ def log(msg: str) -> None:
     print(msg, flush=True)
 
 
+def version() -> str:
+    return os.environ.get("STANDIN_SGLANG_VERSION", "0.0.0-standin")
+
+
+def _on(name: str) -> bool:
+    return os.environ.get(name, "") not in ("", "0", "false")
+
+
+def log_allreduce_init() -> None:
+    """What SGLang's allreduce set-up logs on TP0 (the messages of the real modules)."""
+    rel = tuple(int(x) for x in version().split("-")[0].split(".")[:3] if x.isdigit())
+    world = ARGS.tp
+    pre = "[2026-01-01 00:00:00 TP0] "
+    if rel < (0, 5, 21) and _on("SGLANG_ENABLE_PCIE_CUSTOM_AR"):  # P2 (patches/0002)
+        log(pre + f"Custom allreduce on {world} PCIe-only GPUs for tensors up to 65536 bytes "
+            "(captured batch 8 x 4 tokens x hidden 7168 x 2 bytes, at most 8388608 (one-stage kernel)), NCCL above.")
+        return
+    log(pre + "Custom allreduce is disabled because it's not supported on more than two PCIe-only GPUs. "
+        "To silence this warning, specify disable_custom_all_reduce=True explicitly.")
+    if rel >= (0, 5, 21) and _on("SGLANG_ENABLE_PCIE_IPC_ALLREDUCE"):  # upstream pcie_ipc_ar.py
+        log(pre + f"FlashInfer PCIe-IPC all-reduce enabled (world={world}, workspace sized on first reduction)")
+        log(pre + f"FlashInfer PCIe-IPC workspace built (world={world}, max_numel=57344, hidden=7168)")
+
+
 def completion(prompt: str, n: int) -> str:
     """The first n words of the completion of prompt: fixed per (prompt, position)."""
     words = []
@@ -89,7 +121,7 @@ def server_info() -> dict:
             "speculative_draft_model_path": ARGS.speculative_draft_model_path,
             "enable_flashinfer_allreduce_fusion": ARGS.enable_flashinfer_allreduce_fusion,
             "cuda_graph_max_bs": 8}
-    return {**args, "max_total_num_tokens": 4096, "internal_states": [st], "version": "0.0.0-standin"}
+    return {**args, "max_total_num_tokens": 4096, "internal_states": [st], "version": version()}
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -191,10 +223,10 @@ class Handler(BaseHTTPRequestHandler):
         if os.environ.get("SGLANG_VERIFY_PROFILE") != "1" or not path or not verify_ct:
             return
         cycle = dt * 1000 / verify_ct
-        rec = {"draft_ms": {"median": 2.0, "p90": 2.5}, "verify_ms": {"median": cycle - 3.0, "p90": cycle},
-               "extend_ms": {"median": 1.0, "p90": 1.2}, "cycle_ms": {"median": cycle, "p90": cycle * 1.1},
-               "accept_length": produced / verify_ct, "tok_s": produced / dt,
-               "break_even_accept_length": 2.46}
+        rec = {"version": 2, "name": "standin", "dp_rank": 0, "cycles": verify_ct, "tokens": produced,
+               "requests": verify_ct, "accept_length": produced / verify_ct, "break_even_accept_length": 2.46}
+        for phase, ms in (("draft", 2.0), ("verify", cycle - 3.0), ("extend", 1.0), ("cycle", cycle)):
+            rec.update({f"{phase}_ms_median": ms, f"{phase}_ms_p90": ms * 1.1, f"{phase}_ms_mean": ms})
         with open(path, "a") as f:
             f.write(json.dumps(rec) + "\n")
 
@@ -225,6 +257,9 @@ def main() -> int:
     p.add_argument("--speculative-draft-model-path")
     p.add_argument("--enable-flashinfer-allreduce-fusion", action="store_true")
     ARGS, _extra = p.parse_known_args()  # accept SGLang-style flags we do not use
+    ARGS.tok_s *= float(os.environ.get("STANDIN_SPEED", "1"))
+    if os.environ.get("STANDIN_ACCEPT_LENGTH") and ARGS.accept_length > 1:  # speculating modes only
+        ARGS.accept_length = float(os.environ["STANDIN_ACCEPT_LENGTH"])
 
     log(f"standin server pid {os.getpid()} mode {ARGS.mode} args {sys.argv[1:]}")
     if ARGS.pid_file:
@@ -233,6 +268,7 @@ def main() -> int:
     srv.daemon_threads = True
     threading.Thread(target=srv.serve_forever, daemon=True).start()
 
+    log_allreduce_init()
     if ARGS.mode == "fast":
         LOADED.set()
     elif ARGS.mode == "slow":

@@ -53,6 +53,11 @@ SERVER_DEFAULTS: dict = {
     "baselines": {"no_spec_tok_s": None, "tolerance": 0.05},
     "modes": [{"name": "no_spec", "args": [], "env": {}, "gate": True}],
     "parity": [],  # [{name, a, b}]: modes whose greedy outputs must be identical
+    # [{min_version, max_version?, env, why?}]: env added to [server.env] when the served sglang's
+    # version is in [min_version, max_version) (e.g. PCIe-IPC allreduce on from 0.5.21)
+    "version_env": [],
+    # --ab A_PY,B_PY: env added per side ([server.ab.a.env], [server.ab.b.env])
+    "ab": {"a": {"env": {}}, "b": {"env": {}}},
 }
 
 
@@ -112,6 +117,11 @@ def load_profile(path: Path | None) -> dict:
         for i, pair in enumerate(srv["parity"]):
             if not all(k in pair for k in ("name", "a", "b")) or pair["a"] not in names or pair["b"] not in names:
                 raise usage_error(f"profile {path}: server.parity[{i}] needs name, a and b naming modes {names}")
+        for i, rule in enumerate(srv["version_env"]):
+            if not isinstance(rule, dict) or "min_version" not in rule or not isinstance(rule.get("env"), dict):
+                raise usage_error(f"profile {path}: server.version_env[{i}] needs min_version and an env table")
+        if set(srv["ab"]) - {"a", "b"}:
+            raise usage_error(f"profile {path}: [server.ab] has only the sides a and b, not {sorted(set(srv['ab']) - {'a', 'b'})}")
         prof["server"] = srv
     for sec in ("env",):
         bad = {k: v for k, v in prof[sec].items() if not isinstance(v, (str, int, float))}

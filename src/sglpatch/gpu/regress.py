@@ -32,9 +32,12 @@ EXIT_PASS, EXIT_FAIL, EXIT_CANNOT_RUN = 0, 1, 125
 
 def run_regress(tier: str = "all", profile: str | None = None, report: str | None = None,
                 project: str | None = None, baseline: str | None = None, argv: list[str] | None = None,
-                stress: int | None = None, modes: str | None = None, parity_with: str | None = None) -> dict:
+                stress: int | None = None, modes: str | None = None, parity_with: str | None = None,
+                ab: str | None = None) -> dict:
     if tier not in (*TIERS, "all"):
         raise usage_error(f"unknown tier {tier!r}; choose cpu, kernel, server or all")
+    if ab and tier != "server":
+        raise usage_error("--ab compares two installs in the server tier: use it with --tier server")
     proj = Path(project).resolve() if project else find_project_root()
     prof_path = resolve_profile_path(profile, proj) if profile else None
     prof = load_profile(prof_path)
@@ -58,8 +61,13 @@ def run_regress(tier: str = "all", profile: str | None = None, report: str | Non
                                        stress=stress))
         else:
             from sglpatch.gpu.server import tier_server
+            from sglpatch.gpu.server_ab import tier_server_ab
 
-            results.append(tier_server(prof, proj, report_dir, base_env, modes=modes, parity_with=parity_with))
+            if ab:
+                results.append(tier_server_ab(prof, proj, report_dir, base_env, ab, modes=modes,
+                                              parity_with=parity_with))
+            else:
+                results.append(tier_server(prof, proj, report_dir, base_env, modes=modes, parity_with=parity_with))
     if any(r.status == "fail" for r in results):
         status, code = "fail", EXIT_FAIL
     elif any(r.status == "pass" for r in results) and (tier == "all" or results[0].status == "pass"):
@@ -108,19 +116,23 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "default: every mode not marked optional")
     p.add_argument("--parity-with", metavar="REPORT_DIR",
                    help="server tier: greedy outputs of each mode must equal those of the same mode in REPORT_DIR")
+    p.add_argument("--ab", metavar="A_PYTHON,B_PYTHON",
+                   help="server tier: run the same modes, profile and prompts with two installs (A's, then B's "
+                   "interpreter) and report them side by side with B/A ratios (each side gated as usual; the "
+                   "comparison only reports)")
 
 
 def run_args(args: argparse.Namespace, prog: list[str]) -> int:
     """Run what add_arguments parsed; print one line per tier and where the report is."""
     argv = [*prog, "--tier", args.tier]
-    for flag in ("profile", "report", "baseline", "project", "modes", "parity_with"):
+    for flag in ("profile", "report", "baseline", "project", "modes", "parity_with", "ab"):
         if getattr(args, flag):
             argv += [f"--{flag.replace('_', '-')}", getattr(args, flag)]
     if args.stress is not None:
         argv += ["--stress"] + ([str(args.stress)] if args.stress >= 0 else [])
     res = run_regress(tier=args.tier, profile=args.profile, report=args.report, project=args.project,
                       baseline=args.baseline, argv=argv, stress=args.stress, modes=args.modes,
-                      parity_with=args.parity_with)
+                      parity_with=args.parity_with, ab=args.ab)
     for name, status, summary, failures in res["tiers"]:
         print(f"tier {name}: {status}: {summary}", *[f"  - {f}" for f in failures[:20]], sep="\n")
     print(f"regress: {res['status']} (exit {res['exit_code']}); report: {res['report_dir']}/report.md")

@@ -33,6 +33,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from sglpatch.gpu.allreduce_evidence import allreduce_backend, describe
 from sglpatch.gpu.procs import ManagedProcess, tail
 from sglpatch.gpu.profiles import expand, usage_error
 from sglpatch.gpu.report import TierResult, fmt
@@ -276,6 +277,40 @@ def read_verify_profile(path: Path) -> dict | None:
             "break_even_accept_length": _find_key(recs[-1], "break_even_accept_length")}
 
 
+def verify_ms_of(vp: dict | None) -> float | None:
+    """P4's verify ms: the median over the file's records of `verify_ms_median` (P4's record,
+    version 2; one record per `interval` cycles), else a nested `verify_ms.median`."""
+    vp = vp or {}
+    v = (vp.get("median_of_records") or {}).get("verify_ms_median")
+    if v is None:
+        v = (vp.get("last") or {}).get("verify_ms")
+        if isinstance(v, dict):
+            v = v.get("median", v.get("p50"))
+    return round(float(v), 3) if isinstance(v, (int, float)) else None
+
+
+def version_tuple(v: str | None) -> tuple[int, ...]:
+    """"0.5.10.post1" -> (0, 5, 10); "" -> ()."""
+    m = re.match(r"\s*v?(\d+(?:\.\d+)*)", str(v or ""))
+    return tuple(int(x) for x in m.group(1).split(".")) if m else ()
+
+
+def version_env(srv: dict, version: str | None) -> tuple[dict, list[str]]:
+    """The env [[server.version_env]] adds for this sglang version, and why (one line per rule)."""
+    env, why = {}, []
+    have = version_tuple(version)
+    if not have:
+        return env, why
+    for rule in srv.get("version_env", []):
+        lo, hi = version_tuple(rule["min_version"]), version_tuple(rule.get("max_version"))
+        if have >= lo and (not hi or have < hi):
+            env.update({k: str(v) for k, v in rule["env"].items()})
+            why.append(f"sglang {version} >= {rule['min_version']}"
+                       + (f" and < {rule['max_version']}" if hi else "") + f": {rule['env']}"
+                       + (f" ({rule['why']})" if rule.get("why") else ""))
+    return env, why
+
+
 # =========================================================================== what served
 
 
@@ -392,6 +427,7 @@ def run_server_mode(srv: dict, mode: dict, report_dir: Path, base_env: dict, pyt
             out["status"] = "fail"
             out["error"] = (out.get("error", "") + f"; processes {survivors} survived the stop").lstrip("; ")
         out["verify_profile"] = read_verify_profile(vp)
+        out["allreduce"] = allreduce_backend(log, env, cmd)
 
 
 # =========================================================================== output parity
@@ -481,7 +517,9 @@ def select_modes(srv: dict, modes: str | None) -> list[dict]:
 
 
 def tier_server(prof: dict, project: Path, report_dir: Path, base_env: dict, modes: str | None = None,
-                parity_with: str | None = None) -> TierResult:
+                parity_with: str | None = None, side_env: dict | None = None) -> TierResult:
+    """side_env: the env of one side of an A/B run (server_ab), over [server.env] and the
+    version rules, under each mode's env."""
     tr = TierResult("server")
     srv = prof.get("server")
     if not srv:
@@ -505,12 +543,20 @@ def tier_server(prof: dict, project: Path, report_dir: Path, base_env: dict, mod
     tr.data["prompts"] = {"file": prompts_file.name, "sha": digest, "count": len(bench["prompts"])}
     tr.data["profile_env"] = prof.get("env", {})
     tr.data["served_by"] = imported_sglang(python, base_env, project)
+    venv, why = version_env(srv, tr.data["served_by"].get("sglang_version"))
+    if venv or side_env:
+        srv = {**srv, "env": {**srv.get("env", {}), **venv, **{k: str(v) for k, v in (side_env or {}).items()}}}
+    tr.data["version_env"] = why
+    tr.data["side_env"] = side_env or {}
     results = [run_server_mode(srv, mode, report_dir, base_env, python, prompts_file) for mode in selected]
     tr.data["modes"] = results
     tr.md = mode_table(tr, srv, selected, results)
     first_token = token_differ(python, expand(bench.get("tokenizer") or srv["model_path"]), base_env)
     tr.data["parity"] = parity_checks(tr, srv, report_dir, results, old, parity_with, digest, first_token)
     tr.md += parity_markdown(tr.data["parity"]) + served_markdown(tr.data["served_by"], results)
+    tr.md += [f"- env by version ([[server.version_env]]): {w}" for w in why]
+    if side_env:
+        tr.md.append(f"- env of this A/B side: {side_env}")
     tr.md += ["", "Commands and logs (rerun a benchmark by hand against a running server with the "
               "bench command):"]
     for m in results:
@@ -544,17 +590,15 @@ def mode_table(tr: TierResult, srv: dict, cfgs: list[dict], modes: list[dict]) -
           f"profile's baseline of {ref} tok/s (tolerance {tol:.0%}), a single-stream decode rate. SGLang's "
           "output throughput also counts TTFT and the gaps between requests, so it is lower; it is not gated.",
           "", "| mode | status | single-stream tok/s (1000/median TPOT) | median TPOT ms | median TTFT ms | "
-          "output throughput tok/s | accept length | verify ms (P4) | break-even accept | vs baseline |",
-          "|---|---|---|---|---|---|---|---|---|---|"]
+          "output throughput tok/s | accept length | verify ms (P4) | break-even accept | vs baseline | "
+          "allreduce (from the log) |",
+          "|---|---|---|---|---|---|---|---|---|---|---|"]
     for cfg, m in zip(cfgs, modes):
         b = m.get("benchmark") or {}
         tok = b.get("single_stream_tok_s")
         spec = "--speculative-algorithm" in [str(a) for a in cfg.get("args", [])]
         vp = m.get("verify_profile") or {}
-        last = vp.get("last") or {}
-        vms = last.get("verify_ms")
-        if isinstance(vms, dict):
-            vms = vms.get("median", vms.get("p50"))
+        vms = verify_ms_of(vp)
         verdict = "—"
         if m.get("status") != "ok":
             tr.fail(f"mode {m['mode']}: {m.get('error')}")
@@ -576,7 +620,8 @@ def mode_table(tr: TierResult, srv: dict, cfgs: list[dict], modes: list[dict]) -
         acc = b.get("accept_length") or (m.get("served") or {}).get("avg_spec_accept_length")
         md.append(f"| {m['mode']} | {m.get('status')} | {fmt(tok)} | {fmt(b.get('median_tpot_ms'), 2)} | "
                   f"{fmt(b.get('median_ttft_ms'), 1)} | {fmt(b.get('output_throughput'))} | {fmt(acc, 2)} | "
-                  f"{fmt(vms, 2)} | {fmt(vp.get('break_even_accept_length'), 2)} | {verdict} |")
+                  f"{fmt(vms, 2)} | {fmt(vp.get('break_even_accept_length'), 2)} | {verdict} | "
+                  f"{describe(m.get('allreduce'))} |")
     first = modes[0] if modes else None
     t0 = ((first or {}).get("benchmark") or {}).get("single_stream_tok_s")
     for m in modes[1:]:
@@ -650,4 +695,10 @@ def served_markdown(by: dict, modes: list[dict]) -> list[str]:
         if s:
             md.append(f"- {m['mode']}: /get_server_info version {s.get('version')}; args {s.get('server_args')}; "
                       f"speculative {s.get('speculative') or 'off'} (full: `server_info-{m['mode']}.json`)")
+        ev = m.get("allreduce")
+        if ev:
+            md.append(f"- {m['mode']}: allreduce **{describe(ev)}**; evidence: "
+                      + (f"`{ev['evidence']}`" if ev.get("evidence") else "none in the log")
+                      + (f"; fusion: `{ev['fusion']}`" if ev.get("fusion") else "")
+                      + f"; selected by {ev['selected_by'] or 'no switch set'}")
     return md

@@ -1,0 +1,91 @@
+"""Which allreduce backend served a server's small (decode / verify) tensors, from the evidence
+the server gives: the lines its allreduce set-up logs, plus the env and flags that selected it.
+
+The lines are the real modules' messages:
+- P2 (patches/0002, `custom_all_reduce.py`): "Custom allreduce on N PCIe-only GPUs for tensors up
+  to B bytes (...), NCCL above." (switch: SGLANG_ENABLE_PCIE_CUSTOM_AR=1);
+- upstream PCIe-IPC (0.5.21+, `pcie_ipc_ar.py`): "FlashInfer PCIe-IPC all-reduce enabled (world=N,
+  ...)" / "FlashInfer PCIe-IPC workspace built (...)"; its give-ups "... falling back to NCCL
+  all-reduce." / "... failed: ...; reductions stay on NCCL" (switch: SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=1);
+- SGLang's "Custom allreduce is disabled because ..." warning: the custom kernel is off, so NCCL
+  serves unless PCIe-IPC took over;
+- flashinfer's allreduce fusion (P1 on 0.5.9: "FlashInfer workspace initialized for rank R, world_size
+  N"; 0.5.23: "FlashInfer AllReduce Fusion enabled and workspace initialized: backend=...")
+  serves the allreduces fused with the residual add + RMSNorm (--enable-flashinfer-allreduce-fusion,
+  0.5.23 also --flashinfer-allreduce-fusion-backend); reported beside the main backend.  P1 on 0.5.23
+  switches the fusion off on SM120 when SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=1 ("FlashInfer allreduce
+  fusion is disabled because SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=1 hands ...": the fusion line then says so).
+
+SGLang tries its custom allreduce before PCIe-IPC, so when both are on, P2 takes the small tensors.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+P2 = re.compile(r"Custom allreduce on \d+ PCIe-only GPUs for tensors up to (\d+) bytes")
+CUSTOM_OFF = re.compile(r"Custom allreduce is disabled")
+IPC_ON = re.compile(r"FlashInfer PCIe-IPC all-reduce enabled|FlashInfer PCIe-IPC workspace built")
+IPC_GAVE_UP = re.compile(r"PCIe-IPC.*(falling back to NCCL|reductions stay on NCCL)|"
+                         r"PCIe-IPC all-reduce skipped|leaving PCIe-IPC all-reduce off")
+FUSION_ON = re.compile(r"FlashInfer AllReduce Fusion enabled|FlashInfer workspace initialized for rank")
+FUSION_OFF = re.compile(r"FlashInfer allreduce fusion (is )?disabled|AllReduce fusion disabled|Skipping allreduce fusion")
+SWITCHES = ("SGLANG_ENABLE_PCIE_CUSTOM_AR", "SGLANG_PCIE_CUSTOM_AR_MAX_BYTES", "SGLANG_ENABLE_PCIE_IPC_ALLREDUCE",
+            "SGLANG_PCIE_IPC_MAX_NUMEL")
+FUSION_FLAG = "--enable-flashinfer-allreduce-fusion"
+FUSION_BACKEND_FLAG = "--flashinfer-allreduce-fusion-backend"
+
+P2_NAME, IPC_NAME, NCCL_NAME, UNKNOWN = ("custom allreduce (P2)", "PCIe-IPC (upstream)", "NCCL",
+                                         "unknown (no evidence in the log)")
+
+
+def _first(lines: list[str], pat: re.Pattern) -> str | None:
+    return next((ln.strip() for ln in lines if pat.search(ln)), None)
+
+
+def allreduce_backend(log_path: Path, env: dict, args: list[str]) -> dict:
+    """{"backend", "evidence" (the log line), "fusion" (None / the line), "selected_by" (env and
+    flag)} for one server run."""
+    try:
+        lines = Path(log_path).read_text(errors="replace").splitlines()
+    except OSError:
+        lines = []
+    sel = {k: env[k] for k in SWITCHES if k in env}
+    args = [str(a) for a in args]
+    if FUSION_FLAG in args:
+        sel[FUSION_FLAG] = True
+    for i, a in enumerate(args):  # 0.5.23: --flashinfer-allreduce-fusion-backend NAME
+        if a.startswith(FUSION_BACKEND_FLAG):
+            sel[FUSION_BACKEND_FLAG] = a.split("=", 1)[1] if "=" in a else (args[i + 1] if i + 1 < len(args) else "")
+    out: dict = {"selected_by": sel, "fusion": None}
+    p2, ipc_on, ipc_off = _first(lines, P2), _first(lines, IPC_ON), _first(lines, IPC_GAVE_UP)
+    off = _first(lines, CUSTOM_OFF)
+    if p2:
+        cap = int(P2.search(p2).group(1))
+        out.update(backend=P2_NAME if cap > 0 else NCCL_NAME, evidence=p2)
+        if ipc_on:
+            out["note"] = "PCIe-IPC is on too, but SGLang tries its custom allreduce first: P2 takes the small tensors"
+    elif ipc_on and not ipc_off:
+        out.update(backend=IPC_NAME, evidence=ipc_on)
+    elif ipc_off:
+        out.update(backend=NCCL_NAME, evidence=ipc_off)
+    elif off:
+        out.update(backend=NCCL_NAME, evidence=off)
+    else:
+        out.update(backend=UNKNOWN, evidence=None)
+    fused = _first(lines, FUSION_ON)
+    if fused:
+        out["fusion"] = fused
+    elif sel.get(FUSION_FLAG) or sel.get(FUSION_BACKEND_FLAG):
+        out["fusion"] = _first(lines, FUSION_OFF) or "flag set, no fusion line in the log"
+    return out
+
+
+def describe(ev: dict | None) -> str:
+    if not ev:
+        return "—"
+    s = ev["backend"]
+    if ev.get("fusion") and FUSION_ON.search(ev["fusion"]):
+        s += " + flashinfer allreduce fusion (add-norm allreduces)"
+    return s
