@@ -9,8 +9,12 @@
 # (also when the patch bytes did not change: a record made before conflict keys gets one).
 # A port is re-applied as it is: if the pinned patch gained behaviour, port it by hand.
 set -euo pipefail
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+if wants_help "$@"; then usage; exit 0; fi
+check_values rerecord.sh "$@"
+[[ $# -ge 1 && "$1" != -* ]] || { echo "rerecord.sh: give the release to re-record, e.g. 0.5.23 (see rerecord.sh --help)" >&2; exit 2; }
 ver="$1"; shift
-here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+here="$SGLPATCH_HOME"
 project="$here"
 [[ "${1:-}" == "--project" ]] && project="$(cd "$2" && pwd)"
 sp() { PYTHONPATH="$here/src${PYTHONPATH:+:$PYTHONPATH}" "${PYTHON:-python3}" -m sglpatch.cli "$@"; }
