@@ -461,6 +461,14 @@ BACKEND_CLASSES = {c.name: c for c in (NcclBackend, SymmMemBackend, CustomArBack
                                        SelftestWrongBackend, SelftestHangBackend)}
 
 
+def backend_class(name: str, label: str, errors: dict[str, str]):
+    """The Backend class called `name`; None (and errors[label] says why) when there is none."""
+    cls = BACKEND_CLASSES.get(name)
+    if cls is None:
+        errors[label] = f"unknown backend {name!r}; known: {sorted(BACKEND_CLASSES)}"
+    return cls
+
+
 # --------------------------------------------------------------------------- measuring
 
 
@@ -806,9 +814,8 @@ def run_stress(ctx, wanted: list[str], modes: list[str], log) -> dict:
     errors: dict[str, str] = {}
     for bname in wanted:
         label = bname + args.name_suffix
-        cls = BACKEND_CLASSES.get(bname)
+        cls = backend_class(bname, label, errors)
         if cls is None:
-            errors[label] = f"unknown backend {bname!r}; known: {sorted(BACKEND_CLASSES)}"
             continue
         if cls is NcclBackend or cls is FlashinferFusedBackend:
             absent[label] = ("the reference, not stressed" if cls is NcclBackend else
@@ -959,9 +966,8 @@ def run(args) -> int:
     errors: dict[str, str] = {}
     for bname in wanted:
         label = bname + args.name_suffix
-        cls = BACKEND_CLASSES.get(bname)
+        cls = backend_class(bname, label, errors)
         if cls is None:
-            errors[label] = f"unknown backend {bname!r}; known: {sorted(BACKEND_CLASSES)}"
             continue
         # construct on every rank; agree on the outcome so nobody enters a collective alone
         local_state, local_msg, backend = "ok", "", None
