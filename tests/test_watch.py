@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import uuid
 
 import pytest
 
@@ -167,7 +168,8 @@ def test_second_run_reuses_the_classification_recheck_and_new_inputs_redo_it(tre
     assert watch.run(project, spec)["rows"] == first["rows"] and calls == []  # same inputs, same tree: reused
     assert watch.run(project, spec, recheck=True)["rows"] == first["rows"] and calls == [1]
     toml = project / "resolutions" / "0.5.10.post1" / "resolutions.toml"
-    toml.write_text(toml.read_text() + "\n# another resolution file: another input\n")
+    # another input, never seen before (the facts cache outlives test runs: a fixed text would be)
+    toml.write_text(toml.read_text() + f"\n# another resolution file: another input {uuid.uuid4()}\n")
     assert watch.run(project, spec)["rows"] == first["rows"] and calls == [1, 1]
 
 

@@ -176,8 +176,9 @@ def _inputs(project_root: Path, project: stack.Project, old_base: str, old_commi
     import pyflakes
 
     h = hashlib.sha256()
-    for f in sorted(Path(__file__).parent.glob("*.py")):
-        h.update(f.name.encode() + b"\0" + f.read_bytes() + b"\0")
+    here = Path(__file__).parent
+    for f in sorted(here.rglob("*.py")):  # the package's subpackages too (sglpatch.rebase)
+        h.update(str(f.relative_to(here)).encode() + b"\0" + f.read_bytes() + b"\0")
     h.update(f"{pyflakes.__version__} {sys.version} {git.run('version')}\0".encode())
     h.update((project_root / "series").read_bytes() + b"\0")
     for p in project.patches:
