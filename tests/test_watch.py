@@ -187,3 +187,49 @@ def test_dry_run_takes_the_tree_from_the_cache(trees, tmp_path):
     w.run("init", "-q")
     built = up.build_registry(w, lock)
     assert w.tree_of(built) == g.tree_of(cached)
+
+
+def test_hostile_index_entries_are_ignored_and_nothing_leaves_the_cache(tmp_path, monkeypatch):
+    """The index is untrusted: a file name with a path in it, or a download URL with another scheme,
+    is never used (a real local HTTP index; the good entry next to them still works)."""
+    import hashlib
+    import http.server
+    import threading
+
+    good = b"not really a wheel"
+    files = [
+        {"filename": "../../escaped-0.9.1.tar.gz", "url": "/f/x.tar.gz", "hashes": {"sha256": "0" * 64}},
+        {"filename": "hostile-0.9.1.tar.gz", "url": "file:///etc/passwd", "hashes": {"sha256": "0" * 64}},
+        {"filename": "hostile-0.9.2.tar.gz", "url": "/f/hostile-0.9.2.tar.gz", "hashes": {"sha256": hashlib.sha256(good).hexdigest()}},
+    ]
+
+    class Index(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802
+            body, ctype = (good, "application/octet-stream") if self.path.startswith("/f/") else (
+                json.dumps({"files": files}).encode(), "application/vnd.pypi.simple.v1+json")
+            self.send_response(200)
+            self.send_header("Content-Type", ctype)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *a):
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Index)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    monkeypatch.setenv("PIP_INDEX_URL", f"http://127.0.0.1:{srv.server_port}/simple")
+    monkeypatch.setenv("SGLPATCH_CACHE", str(tmp_path / "cache"))
+    artifacts.index_url.cache_clear()
+    artifacts.index_files.cache_clear()
+    try:
+        listed = artifacts.index_files("hostile")
+        assert [a.filename for a in listed] == ["hostile-0.9.2.tar.gz"]
+        assert artifacts.releases("hostile") == ["0.9.2"]
+        art, path = artifacts.fetch("hostile", "0.9.2", "sdist")
+        assert path.read_bytes() == good and (tmp_path / "cache") in path.parents
+        assert not (tmp_path / "escaped-0.9.1.tar.gz").exists() and not list(tmp_path.rglob("escaped*"))
+    finally:
+        srv.shutdown()
+        artifacts.index_url.cache_clear()
+        artifacts.index_files.cache_clear()

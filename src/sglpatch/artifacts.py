@@ -78,7 +78,8 @@ class _Links(HTMLParser):
 def _parse_index(name: str, body: bytes, ctype: str, base: str) -> list[dict]:
     if "json" in ctype:
         data = json.loads(body)
-        return [{"filename": f["filename"], "sha256": f.get("hashes", {}).get("sha256", ""), "url": f["url"]} for f in data["files"]]
+        return [{"filename": f["filename"], "sha256": f.get("hashes", {}).get("sha256", ""), "url": urllib.parse.urljoin(base, f["url"])}
+                for f in data["files"]]
     p = _Links()
     p.feed(body.decode("utf-8", "replace"))
     out = []
@@ -92,6 +93,16 @@ def _cache_root() -> Path:
     from sglpatch.upstream import cache_dir
 
     return cache_dir()
+
+
+# the index is untrusted input: a file name is a plain name (it becomes a path in the cache), a
+# download URL is http(s) or uses the index's own scheme (a local file:// index), nothing else
+_SAFE_FILENAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*$")
+
+
+def _safe_url(url: str, base: str) -> bool:
+    scheme = urllib.parse.urlsplit(url).scheme
+    return scheme in ("https", "http", urllib.parse.urlsplit(base).scheme) and not url.startswith("-")
 
 
 @lru_cache(maxsize=None)
@@ -117,6 +128,9 @@ def index_files(name: str) -> tuple[Artifact, ...]:
     norm = re.sub(r"[-_.]+", "_", name).lower()
     for f in files:
         fn = f["filename"]
+        if not _SAFE_FILENAME.match(fn) or not _safe_url(f.get("url", ""), base):
+            say(f"the package index {base} lists {fn!r} at {f.get('url', '')!r}: not a plain file name or URL; ignored")
+            continue
         if fn.endswith(".whl"):
             parts = fn[:-4].split("-")
             kind, version = "wheel", parts[1] if len(parts) >= 5 else ""
