@@ -161,11 +161,8 @@ class Git:
         for item in _FIXED_CONFIG:
             cmd += ["-c", item]
         cmd += list(args)
-        full_env = _base_env()
-        if not network:
-            # Local operations ignore the user's global/system config entirely.
-            full_env["GIT_CONFIG_NOSYSTEM"] = "1"
-            full_env["GIT_CONFIG_GLOBAL"] = os.devnull
+        # local operations ignore the user's global/system config entirely
+        full_env = _base_env() if network else self._local_env()
         if env:
             full_env.update(env)
         if isinstance(input, str):
@@ -257,6 +254,7 @@ class Git:
 
     # -- queries ------------------------------------------------------------
     def _local_env(self) -> dict[str, str]:
+        """The environment of every local operation (run() and the object model's git processes)."""
         return {**_base_env(), "GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": os.devnull}
 
     @functools.cached_property
