@@ -39,7 +39,9 @@ def wheel(folder: Path, name: str, version: str, tag: str = "py3-none-any", requ
     folder.mkdir(parents=True, exist_ok=True)
     dist = f"{name.replace('-', '_')}-{version}"
     path = folder / f"{dist}-{tag}.whl"
-    meta = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n" + "".join(f"Requires-Dist: {r}\n" for r in requires)
+    extras = sorted({r.split('extra == "', 1)[1].rstrip('"') for r in requires if 'extra == "' in r})
+    meta = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n" + "".join(f"Provides-Extra: {x}\n" for x in extras)
+    meta += "".join(f"Requires-Dist: {r}\n" for r in requires)
     with zipfile.ZipFile(path, "w") as zf:
         zf.writestr(f"{dist}.dist-info/METADATA", meta)
         zf.writestr(f"{dist}.dist-info/WHEEL", f"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: false\nTag: {tag}\n")
@@ -67,7 +69,11 @@ def cuda_env(env, project_copy):  # noqa: F811
     wheel(reg, "nvidia-cuda-runtime-cu12", "12.6.77")
     wheel(reg, "torchvision", "0.29.1", PLAT, ["torch==2.14.1"])
     wheel(reg, "sglang-kernel", "0.4.10", "cp310-abi3-manylinux2014_x86_64", ["torch==2.14.1"])
-    wheel(reg, "flashinfer-python", "0.7.2")
+    # its real METADATA: extras cu12 / cu13 pick the CUTLASS DSL libraries of that CUDA major
+    wheel(reg, "flashinfer-python", "0.7.2", requires=['nvidia-cutlass-dsl-libs-cu12; extra == "cu12"',
+                                                        'nvidia-cutlass-dsl-libs-cu13; extra == "cu13"'])
+    wheel(reg, "nvidia-cutlass-dsl-libs-cu12", "4.8.0")
+    wheel(reg, "nvidia-cutlass-dsl-libs-cu13", "4.8.0")
     wheel(reg, "nvshmem4py-cu13", "0.4.1")
     wheel(reg, "nvshmem4py-cu12", "0.4.1")
     wheel(reg, "cuda-python", "13.2.0")
@@ -75,6 +81,7 @@ def cuda_env(env, project_copy):  # noqa: F811
     web = env["tmp"] / "web"
     # PyTorch 2.14 ships no cu128 (dropped in 2.12): cu128 has 2.11.0 only, cu126 has 2.14.1
     wheel(web / "pytorch" / "cu128" / "torch", "torch", "2.11.0+cu128", PLAT)
+    wheel(web / "pytorch" / "cu129" / "torch", "torch", "2.14.1+cu129", PLAT)  # newer than --cuda 12.8: never taken
     wheel(web / "pytorch" / "cu126" / "torch", "torch", "2.14.1+cu126", PLAT, ["nvidia-cuda-runtime-cu12==12.6.77"])
     wheel(web / "pytorch" / "cu126" / "torchvision", "torchvision", "0.29.1+cu126", PLAT, ["torch==2.14.1"])
     (web / "sglang" / "cu128" / "sgl-kernel").mkdir(parents=True)
@@ -133,7 +140,8 @@ def test_cuda12_plan_shows_each_build_and_index_and_passes_where_all_exist(cuda_
     assert lines["torch==2.14.1+cu126"].endswith(f"wheel       cu126 from {torch_index}")
     assert lines["torchvision==0.29.1+cu126"].endswith(f"cu126 from {torch_index}")
     assert lines["nvidia-cuda-runtime-cu12==12.6.77"].endswith("cu12") and "nvshmem4py-cu12==0.4.1" in lines
-    assert "nvidia-cuda-runtime==" not in out  # nothing of the CUDA 13 build is left
+    assert "nvidia-cutlass-dsl-libs-cu12==4.8.0" in lines  # what flashinfer-python[cu12] pulls in
+    assert "nvidia-cuda-runtime==" not in out and "-cu13==" not in out  # nothing of the CUDA 13 builds is left
     assert "preflight: ok driver: driver 570.133.20 >= 525.60.13 for CUDA 12 (from torch 2.14.1+cu126)" in out
     assert "preflight: ok gpu-arch: torch 2.14.1+cu126 has kernels for every GPU here (up to SM90)" in out
     assert out.rstrip().endswith("preflight: verdict: pass") and not fails(proc)
