@@ -4,7 +4,7 @@
 # is now imported. Safe to re-run: an up-to-date workdir makes no commit.
 #
 #   scripts/apply.sh [--workdir DIR] [--python PATH] [--source auto|git|sdist] [--no-install] [--force]
-#                    [--with-flashinfer] [--venv NEWDIR [--dry-run] [--release-artifact PATH]]
+#                    [--with-flashinfer] [--venv NEWDIR [--dry-run] [--release-artifact PATH] [--cuda 12.N]]
 #
 # Defaults: workdir ${SGLANG_FORK_DIR:-$HOME/sglang-fork}; python: the active venv, else
 # ~/ml-env/bin/python3 when it exists, else python3; source auto (git when the upstream URL
@@ -15,6 +15,8 @@
 # patched tree, after a preflight (NVIDIA driver vs the torch build's CUDA, wheels for the
 # Python, free disk, nvcc >= 12.9 when --with-flashinfer on SM12x) that refuses with one line
 # per failed condition. --dry-run prints the verdict and the resolved plan, changing nothing.
+# --cuda 12.N (offered by the preflight when the driver is below 580): the CUDA 12 builds instead,
+# from the indexes deps/cuda12.toml names, or a refusal naming the way out.
 # The tree goes to its own workdir (WORKDIR-VERSION unless --workdir is given; refused when it is
 # the tree PYTHON serves from). The tool itself runs from this checkout's .venv (created if
 # needed) unless PYTHON already has it; nothing is installed into PYTHON.
@@ -40,8 +42,8 @@ while [ $# -gt 0 ]; do
     --with-flashinfer) WITH_FLASHINFER=1; shift ;;
     --venv) VENV="$2"; shift 2 ;;
     --venv=*) VENV="${1#*=}"; shift ;;
-    --release-artifact) EXTRA+=("$1" "$2"); shift 2 ;;
-    --release-artifact=*|--dry-run) EXTRA+=("$1"); shift ;;
+    --release-artifact|--cuda) EXTRA+=("$1" "$2"); shift 2 ;;
+    --release-artifact=*|--cuda=*|--dry-run) EXTRA+=("$1"); shift ;;
     --no-install|--force) EXTRA+=("$1"); shift ;;
     -h|--help) usage; exit 0 ;;
     *) echo "apply.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;

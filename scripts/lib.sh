@@ -18,7 +18,7 @@ wants_help() {
 # not the next option), before a lone "--"; else one line on stderr and exit 2.
 VALUE_OPTS=" --workdir --project --python --source --onto --commit --upstream-url --profile --report \
 --baseline --tier --good --bad --timeout --on-timeout --log-dir --installer --probe-timeout --venv --release-artifact \
---releases --json --markdown --jobs --ab "
+--releases --json --markdown --jobs --ab --cuda "
 check_values() {
   local me="$1"; shift
   while [ $# -gt 0 ]; do

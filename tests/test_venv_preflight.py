@@ -130,8 +130,8 @@ def test_driver_too_old_for_the_torch_builds_cuda(env, project_copy, pin, driver
     major = 13 if "13" in version.split(".")[0] else 12
     assert fails(proc) == [
         f"preflight: FAIL driver: NVIDIA driver {driver} is too old for CUDA {major} (from {name} {version}); "
-        f"it needs >= {floor}: upgrade the driver on the host"
-    ]
+        f"it needs >= {floor}: upgrade the driver on the host" + (", or try the CUDA 12 builds: --cuda 12.9" if major == 13 else "")
+    ]  # 575.x shipped with CUDA 12.9: the CUDA 12 builds are offered (tests/test_venv_cuda12.py)
     assert "preflight refused: 1 condition(s) failed" in proc.stderr and "nothing was created" in proc.stderr
 
 

@@ -16,7 +16,7 @@ import uuid
 import pytest
 
 from conftest import ROOT, copy_project, sglpatch
-from sglpatch import artifacts, rebase, series, supersede, treecache, watch
+from sglpatch import artifacts, rebase, series, stack, supersede, treecache, watch
 from sglpatch import upstream as up
 from sglpatch.gitcmd import Git
 from sglpatch.lock import UNKNOWN_COMMIT, Lock
@@ -233,3 +233,97 @@ def test_hostile_index_entries_are_ignored_and_nothing_leaves_the_cache(tmp_path
         srv.shutdown()
         artifacts.index_url.cache_clear()
         artifacts.index_files.cache_clear()
+
+
+# --------------------------------------------------------------------------------------
+# dependencies newer than the pins (sglpatch.depwatch, deps/newer.toml)
+
+
+def _fake_flashinfer(path, comm_init: str, tuning: str):
+    import zipfile
+
+    with zipfile.ZipFile(path, "w") as zf:
+        zf.writestr("flashinfer/__init__.py", "from .comm import *  # noqa\n")
+        zf.writestr("flashinfer/comm/__init__.py", comm_init)
+        zf.writestr("flashinfer/comm/pcie_ipc_tuning.py", tuning)
+        zf.writestr("flashinfer/comm/pcie_ipc_ar.py", "def get_pcie_ipc_comm_module():\n    pass\n\nclass PcieIpcAllReduceWorkspace:\n    pass\n")
+    return path
+
+
+def test_depwatch_reports_what_the_newer_wheel_drops_of_what_the_tree_uses(tmp_path, monkeypatch):
+    """Two small wheels (real zips, read with ast) and a real git tree that imports from them: a
+    name the tree uses and the newer wheel lacks is reported with file:line (series-marked when a
+    series file uses it), dropped exports and a changed constant with the table's note."""
+    from sglpatch import depwatch
+
+    monkeypatch.setenv("SGLPATCH_CACHE", str(tmp_path / "cache"))  # the facts cache outlives runs; this tree's id does not change
+    old = _fake_flashinfer(tmp_path / "old.whl", (
+        "from .pcie_ipc_ar import PcieIpcAllReduceWorkspace as PcieIpcAllReduceWorkspace\n"
+        "from .pcie_ipc_ar import get_pcie_ipc_comm_module as get_pcie_ipc_comm_module\n"
+        "try:\n    from .moe import MoeAlltoAll\nexcept ImportError:\n    MoeAlltoAll = None\n"), "_PCIE_IPC_MEMOP_TUNE_VERSION = 4\n")
+    new = _fake_flashinfer(tmp_path / "new.whl", "from .pcie_ipc_ar import PcieIpcAllReduceWorkspace as PcieIpcAllReduceWorkspace\n",
+                           "_PCIE_IPC_MEMOP_TUNE_VERSION = 5\n")
+    g = Git(tmp_path / "repo")
+    g.workdir.mkdir()
+    g.run("init", "-q")
+    src = g.workdir / "python" / "sglang"
+    src.mkdir(parents=True)
+    (src / "pcie.py").write_text("def f():\n    from flashinfer.comm import PcieIpcAllReduceWorkspace\n    return PcieIpcAllReduceWorkspace\n")
+    (src / "moe.py").write_text("import flashinfer.comm as c\n\n\ndef g():\n    return c.MoeAlltoAll\n")
+    (src / "other.py").write_text("import flashinfer\n\nx = flashinfer.comm.get_pcie_ipc_comm_module\ny = flashinfer.get_pcie_ipc_comm_module\n")
+    g.run("add", "-A")
+    g.run("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "tree")
+    tree = g.run("rev-parse", "HEAD")
+    cfg = {"module": "flashinfer", "why": "", "exports": ["flashinfer/comm/__init__.py"],
+           "constants": [("flashinfer/comm/pcie_ipc_tuning.py", "_PCIE_IPC_MEMOP_TUNE_VERSION", "re-tunes")]}
+    uses = depwatch.tree_uses(g, tree, "flashinfer")
+    assert uses["flashinfer.comm:PcieIpcAllReduceWorkspace"] == ["python/sglang/pcie.py", 2]
+    assert uses["flashinfer.comm:MoeAlltoAll"] == ["python/sglang/moe.py", 5]  # an attribute of an imported module
+    o, n = depwatch.wheel_names(old, "", "flashinfer"), depwatch.wheel_names(new, "", "flashinfer")
+    assert depwatch.has(o, "flashinfer.comm", "MoeAlltoAll") and not depwatch.has(n, "flashinfer.comm", "MoeAlltoAll")
+    got = depwatch.changes(cfg, o, n, uses, {"python/sglang/moe.py"}, "9.9")
+    assert [(c["kind"], c["series"], c["text"]) for c in got] == [
+        ("gone", True, "flashinfer.comm.MoeAlltoAll is gone in 9.9 (used at python/sglang/moe.py:5)"),
+        ("gone", False, "flashinfer.comm.get_pcie_ipc_comm_module is gone in 9.9 (used at python/sglang/other.py:3)"),
+        ("gone", False, "flashinfer.get_pcie_ipc_comm_module is gone in 9.9 (used at python/sglang/other.py:4)"),  # through a star import
+        ("exports", False, "flashinfer.comm no longer exports MoeAlltoAll, get_pcie_ipc_comm_module (imported: MoeAlltoAll)"),
+        ("constant", True, "flashinfer/comm/pcie_ipc_tuning.py: _PCIE_IPC_MEMOP_TUNE_VERSION 4 -> 5: re-tunes"),
+    ]
+    assert depwatch.changes(cfg, o, o, uses, set(), "9.9")[0]["kind"] == "same"
+
+
+def test_depwatch_flashinfer_072_to_074_on_the_real_0523_tree(trees):
+    """The real wheels (0.7.2 is the supersession probe's; 0.7.4 the one extra download) against
+    the real 0.5.23 tree: the PCIe-IPC tune-cache version goes 4 -> 5; gen_/get_pcie_ipc_comm_module
+    leave flashinfer.comm's exports (0.5.23 imports neither); MoeAlltoAll, which 0.5.23's flashinfer
+    MoE dispatcher imports, is gone."""
+    from sglpatch import depwatch
+
+    cg, tree, _ = trees[NEWEST]
+    cfg = depwatch.load(ROOT)["flashinfer-python"]
+    relied = depwatch.series_files(ROOT, stack.Project.load(ROOT), NEWEST)
+    assert "python/sglang/srt/distributed/device_communicators/pcie_ipc_ar.py" in relied  # P2's supersession probe file
+    got = {c["text"] for c in depwatch.check("flashinfer-python", cfg, "0.7.2", "0.7.4", cg, tree, relied)}
+    assert any(t.startswith("flashinfer/comm/pcie_ipc_tuning.py: _PCIE_IPC_MEMOP_TUNE_VERSION 4 -> 5: the PCIe-IPC autotune cache key") for t in got)
+    exports = next(t for t in got if t.startswith("flashinfer.comm no longer exports "))
+    assert "gen_pcie_ipc_comm_module" in exports and "get_pcie_ipc_comm_module" in exports
+    assert exports.endswith("(imported: MoeAlltoAll, moe_a2a_get_workspace_size_per_rank)")
+    assert "flashinfer.comm.MoeAlltoAll is gone in 0.7.4 (used at python/sglang/srt/layers/moe/token_dispatcher/flashinfer.py:51)" in got
+    assert not any("PcieIpcAllReduceWorkspace" in t for t in got)  # what the series relies on stays
+
+
+def test_watch_shows_the_newest_dependency_releases_and_what_they_change(trees, tmp_path):
+    project = copy_project(tmp_path / "project")
+    shutil.copytree(ROOT / "deps", project / "deps")
+    out_md = tmp_path / "w.md"
+    res = sglpatch("watch", "--project", str(project), "--releases", NEWEST, "--json", str(tmp_path / "w.json"), "--markdown", str(out_md))
+    assert res.returncode == 0, res.stdout + res.stderr
+    data = json.loads((tmp_path / "w.json").read_text())
+    newest = data["newest_deps"]
+    assert set(newest) == set(watch.DEPS) and newest["sglang-kernel"] == artifacts.releases("sglang-kernel")[-1]
+    assert any(line.startswith("  newest ") and f"flashinfer {newest['flashinfer-python']}" in line for line in res.stdout.splitlines())
+    (fi,) = [n for n in data["newer"] if n["dist"] == "flashinfer-python"]
+    assert fi["pin"] == "==0.7.2" and fi["release"] == NEWEST and fi["newest"] == newest["flashinfer-python"] != "0.7.2"
+    assert f"newer than the pins: flashinfer-python {fi['newest']} (sglang {NEWEST} pins ==0.7.2):" in res.stdout
+    md = out_md.read_text()
+    assert "| newest on the index | " in md and "## Newer than the pins" in md and f"**flashinfer-python {fi['newest']}**" in md

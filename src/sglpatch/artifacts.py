@@ -17,6 +17,7 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+import urllib.error
 import urllib.parse
 import urllib.request
 import zipfile
@@ -124,6 +125,26 @@ def index_files(name: str) -> tuple[Artifact, ...]:
             raise ArtifactError(f"cannot read the package index {base} ({e}); check the network / pip index and re-run") from None
         say(f"the package index {base} does not answer ({e}); using its last answer from {saved}")
         files = json.loads(saved.read_text())
+    return _artifacts(files, name, base)
+
+
+def files_at(index: str, name: str) -> tuple[Artifact, ...]:
+    """Every sdist and wheel another index (not pip's) lists for name, read now (PEP 691 JSON or
+    PEP 503 HTML), with the same checks as index_files; () when it has no page for name."""
+    base = f"{index.rstrip('/')}/{re.sub(r'[-_.]+', '-', name).lower()}/"
+    try:
+        req = urllib.request.Request(base, headers={"Accept": "application/vnd.pypi.simple.v1+json, text/html;q=0.1"})
+        with urllib.request.urlopen(req, timeout=60) as resp:
+            return _artifacts(_parse_index(name, resp.read(), resp.headers.get("Content-Type", ""), base), name, base)
+    except urllib.error.HTTPError as e:
+        if e.code == 404:
+            return ()
+        raise ArtifactError(f"cannot read the package index {base} ({e}); check the network and re-run") from None
+    except (OSError, ValueError) as e:
+        raise ArtifactError(f"cannot read the package index {base} ({e}); check the network and re-run") from None
+
+
+def _artifacts(files: list[dict], name: str, base: str) -> tuple[Artifact, ...]:
     out = []
     norm = re.sub(r"[-_.]+", "_", name).lower()
     for f in files:

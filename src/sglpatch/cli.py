@@ -94,8 +94,8 @@ def _os_error(e: OSError) -> SglpatchError:
 
 
 def _cmd_apply(args) -> int:
-    if (args.dry_run or args.release_artifact) and not args.venv:
-        raise SglpatchError("--dry-run and --release-artifact go with --venv DIR")
+    if (args.dry_run or args.release_artifact or args.cuda) and not args.venv:
+        raise SglpatchError("--dry-run, --release-artifact and --cuda go with --venv DIR")
     if args.venv and args.no_install:
         raise SglpatchError("--venv DIR installs into a new venv; --no-install contradicts it")
     try:
@@ -106,7 +106,8 @@ def _cmd_apply(args) -> int:
             if not args.workdir:  # its own tree: the serving venv's editable install must not move under it
                 workdir = workdir.with_name(f"{workdir.name}-{read_lock(project).version}")
             newvenv.guard_workdir(workdir, base)
-            prep = newvenv.prepare(project, args.venv, base, args.installer, args.with_flashinfer, args.release_artifact, args.dry_run)
+            prep = newvenv.prepare(project, args.venv, base, args.installer, args.with_flashinfer, args.release_artifact, args.dry_run,
+                                   cuda=args.cuda)
             if prep.refused:
                 raise SglpatchError(f"preflight refused: {len(prep.refused)} condition(s) failed (the FAIL lines above); nothing was created")
             if args.dry_run:
@@ -223,6 +224,9 @@ def _add_core(sub) -> None:
     )
     p.add_argument("--dry-run", action="store_true", help="with --venv: print the preflight verdict and the resolved plan; change nothing")
     p.add_argument("--with-flashinfer", action="store_true", help="with --venv: P1 will be enabled (flashinfer >= 0.6.17; nvcc >= 12.9 on SM12x)")
+    p.add_argument("--cuda", metavar="12.N", help="with --venv: the CUDA 12 builds of the release's CUDA-specific requirements (for a driver "
+                   "below 580), from the indexes deps/cuda12.toml names; the plan shows each one's build and index, the preflight "
+                   "refuses what has none (default: the release's own builds)")
     p.add_argument("--release-artifact", metavar="PATH", help="with --venv: the release's sdist or wheel to read the pins from (default: the locked sdist or wheel, index-verified)")
     p.set_defaults(func=_cmd_apply)
 

@@ -5,7 +5,8 @@ the patched tree (editable, --no-deps). No other environment is touched.
 The install plan comes from the installer's own resolver (``uv pip compile --format
 pylock.toml`` when uv is found, else ``pip install --dry-run --report``) for the interpreter
 the venv is made from; the venv then receives exactly that plan. The preflight
-(sglpatch.preflight) reads the plan before anything is created.
+(sglpatch.preflight) reads the plan before anything is created. ``--cuda 12.N`` resolves the
+CUDA 12 builds instead (sglpatch.cudavariant: the rewritten requirements and their indexes).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from email.parser import Parser
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
-from sglpatch import artifacts, preflight, upstream
+from sglpatch import artifacts, cudavariant, preflight, upstream
 from sglpatch.errors import SglpatchError, say
 from sglpatch.install import find_uv
 from sglpatch.lock import read_lock
@@ -96,6 +97,7 @@ class Package:
     wheel: bool
     size: int | None
     pinned: bool = False
+    url: str = ""  # where the resolver takes it from (a wheel's or sdist's URL)
 
 
 @dataclass
@@ -106,6 +108,7 @@ class Plan:
     command: str
     packages: list[Package] = field(default_factory=list)
     lockfile: Path | None = None  # what the venv is installed from
+    indexes: list[str] = field(default_factory=list)  # extra indexes (--cuda: the CUDA 12 builds')
 
     @property
     def download_bytes(self) -> int:
@@ -141,8 +144,13 @@ def _size(artifact: dict) -> int | None:
     return None
 
 
-def resolve(reqs: list[str], python: str, installer: str, tmp: Path) -> tuple[Plan, str | None]:
-    """The installer's own resolution of reqs for python; (plan, None) or (empty plan, error line)."""
+def _extra_indexes(indexes: list[str]) -> list[str]:
+    return [a for url in indexes for a in ("--extra-index-url", url)]
+
+
+def resolve(reqs: list[str], python: str, installer: str, tmp: Path, indexes: list[str] = ()) -> tuple[Plan, str | None]:
+    """The installer's own resolution of reqs for python (indexes: searched before the default
+    one; uv takes a package from the first index that has it); (plan, None) or (empty plan, error line)."""
     req_file = tmp / "requirements.txt"
     req_file.write_text("\n".join(reqs) + "\n")
     uv = find_uv() if installer in ("auto", "uv") else None
@@ -152,8 +160,9 @@ def resolve(reqs: list[str], python: str, installer: str, tmp: Path) -> tuple[Pl
     version = python_version(python)
     if uv:
         out = tmp / "pylock.toml"
-        cmd = [uv, "pip", "compile", "-q", str(req_file), "--python", python, "--format", "pylock.toml", "-o", str(out)]
-        plan = Plan("uv", python, version, " ".join(cmd[:4] + ["requirements.txt"] + cmd[5:-1] + ["pylock.toml"]), lockfile=out)
+        cmd = [uv, "pip", "compile", "-q", str(req_file), "--python", python, "--format", "pylock.toml", *_extra_indexes(indexes), "-o", str(out)]
+        plan = Plan("uv", python, version, " ".join(cmd[:4] + ["requirements.txt"] + cmd[5:-1] + ["pylock.toml"]), lockfile=out,
+                    indexes=list(indexes))
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0:
             return plan, _one_line(proc.stderr or proc.stdout)
@@ -161,18 +170,20 @@ def resolve(reqs: list[str], python: str, installer: str, tmp: Path) -> tuple[Pl
             wheels = p.get("wheels") or []
             sizes = [_size(w) for w in wheels] if wheels else [_size(p.get("sdist") or {})]
             size = None if None in sizes else max(sizes)
-            plan.packages.append(Package(norm(p["name"]), str(p["version"]), bool(wheels), size, norm(p["name"]) in pins))
+            url = (wheels[0] if wheels else p.get("sdist") or {}).get("url", "")
+            plan.packages.append(Package(norm(p["name"]), str(p["version"]), bool(wheels), size, norm(p["name"]) in pins, url))
         return plan, None
     report = tmp / "report.json"
-    cmd = [python, "-m", "pip", "install", "--dry-run", "--ignore-installed", "-q", "--report", str(report), "-r", str(req_file)]
-    plan = Plan("pip", python, version, " ".join(cmd[:-3] + ["--report", "report.json", "-r", "requirements.txt"]))
+    cmd = [python, "-m", "pip", "install", "--dry-run", "--ignore-installed", "-q", *_extra_indexes(indexes), "--report", str(report),
+           "-r", str(req_file)]
+    plan = Plan("pip", python, version, " ".join(cmd[:-4] + ["--report", "report.json", "-r", "requirements.txt"]), indexes=list(indexes))
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         return plan, _one_line(proc.stderr or proc.stdout)
     for item in json.loads(report.read_text())["install"]:
         meta, url = item["metadata"], item["download_info"]["url"]
         name = norm(meta["name"])
-        plan.packages.append(Package(name, meta["version"], url.endswith(".whl"), None, name in pins))
+        plan.packages.append(Package(name, meta["version"], url.endswith(".whl"), None, name in pins, url))
     plan.lockfile = tmp / "pinned.txt"
     plan.lockfile.write_text("".join(f"{p.name}=={p.version}\n" for p in plan.packages))
     return plan, None
@@ -209,6 +220,7 @@ class Prepared:
     notes: list[str]
     checks: list[preflight.Check]
     tmp: tempfile.TemporaryDirectory
+    cuda: cudavariant.Selection | None = None
 
     @property
     def refused(self) -> list[preflight.Check]:
@@ -219,8 +231,10 @@ class Prepared:
         return self.venv_dir / "bin" / "python"
 
 
-def prepare(project: Path, venv_dir: Path, python: str, installer: str, p1: bool, artifact: Path | None, dry_run: bool) -> Prepared:
-    """Read the release's pins, resolve them, run the preflight; prints the plan and the verdict."""
+def prepare(project: Path, venv_dir: Path, python: str, installer: str, p1: bool, artifact: Path | None, dry_run: bool,
+            cuda: str | None = None) -> Prepared:
+    """Read the release's pins (--cuda: their CUDA 12 builds), resolve them, run the preflight;
+    prints the plan and the verdict."""
     venv_dir = Path(venv_dir).expanduser().absolute()
     if venv_dir.exists() and (not venv_dir.is_dir() or any(venv_dir.iterdir())):
         raise SglpatchError(f"--venv {venv_dir} exists and is not empty; apply --venv only builds a NEW venv: pick a new directory")
@@ -232,11 +246,16 @@ def prepare(project: Path, venv_dir: Path, python: str, installer: str, p1: bool
     notes: list[str] = []
     if p1:
         reqs, notes = with_p1(reqs)
+    sel = None
+    if cuda:
+        say(f"--cuda {cuda}: looking up the CUDA 12 builds of the release's CUDA-specific requirements ({cudavariant.TABLE})")
+        sel = cudavariant.select(project, reqs, cudavariant.parse_cuda(cuda))
+        reqs = sel.reqs
     say(f"{lock.name} {version}: {len(reqs)} requirements from {artifact.name}; resolving them for {python}")
     tmp = tempfile.TemporaryDirectory(prefix="sglpatch-venv-")
-    plan, error = resolve(reqs, python, installer, Path(tmp.name))
-    checks = preflight.run(plan, venv_dir, p1, error)
-    prep = Prepared(venv_dir, plan, notes, checks, tmp)
+    plan, error = resolve(reqs, python, installer, Path(tmp.name), sel.indexes if sel else [])
+    checks = preflight.run(plan, venv_dir, p1, error, sel)
+    prep = Prepared(venv_dir, plan, notes, checks, tmp, sel)
     report(prep, full=dry_run)
     return prep
 
@@ -256,6 +275,9 @@ def report(prep: Prepared, full: bool) -> None:
     print(f"plan: {len(plan.packages)} packages for Python {plan.python_version} ({plan.python}), resolved by: {plan.command}")
     for note in prep.notes:
         print(f"plan: override: {note}")
+    if prep.cuda:
+        taken = [f"{n} {how}" for n, how in prep.cuda.chosen.items()] + [f"{m.name}: none" for m in prep.cuda.missing]
+        print(f"plan: CUDA {prep.cuda.label} builds (--cuda): {'; '.join(taken) if taken else 'no CUDA-specific requirement'}")
     pins = [p for p in plan.packages if p.pinned]
     print(f"plan: the release's pins: {' '.join(f'{p.name}=={p.version}' for p in pins) if pins else '(none)'}")
     have = installed_versions(plan.python)
@@ -264,13 +286,22 @@ def report(prep: Prepared, full: bool) -> None:
     if full:
         for p in plan.packages:
             size = f"{p.size / 2**20:9.1f} MiB" if p.size is not None else "        ?"
-            print(f"  {p.name + '==' + p.version:<48} {size}  {'wheel' if p.wheel else 'sdist only'}")
+            print(f"  {p.name + '==' + p.version:<48} {size}  {'wheel' if p.wheel else 'sdist only':<10}  {_source(p, plan, prep.cuda)}".rstrip())
         if plan.download_bytes:
             print(f"plan: {plan.download_bytes / 2**30:.2f} GiB to download")
     for check in prep.checks:
         print(check.line())
     bad = prep.refused
     print(f"preflight: verdict: {'REFUSED, ' + str(len(bad)) + ' condition(s) failed' if bad else 'pass'}")
+
+
+def _source(p: Package, plan: Plan, cuda: cudavariant.Selection | None) -> str:
+    """The package's CUDA build and, when it comes from an extra index, that index."""
+    if cuda and any(m.name == p.name for m in cuda.missing):
+        return "no CUDA 12 build (the default index's)"
+    cu = cudavariant.variant(p.name, p.version)
+    index = next((i for i in plan.indexes if p.url.startswith(i.rstrip("/") + "/")), "")
+    return (cu + (f" from {index}" if index else "")).strip()
 
 
 def create(prep: Prepared, base_python: str) -> None:
@@ -284,7 +315,8 @@ def create(prep: Prepared, base_python: str) -> None:
     if uv:
         cmd = [uv, "pip", "install", "--python", str(prep.python), "-r", str(plan.lockfile)]
     else:
-        cmd = [str(prep.python), "-m", "pip", "install", "--no-deps", "--disable-pip-version-check", "-r", str(plan.lockfile)]
+        cmd = [str(prep.python), "-m", "pip", "install", "--no-deps", "--disable-pip-version-check", *_extra_indexes(plan.indexes),
+               "-r", str(plan.lockfile)]
     say(f"installing {len(plan.packages)} packages into {venv_dir} (the plan above): {' '.join(cmd)}")
     if subprocess.run(cmd).returncode != 0:
         raise SglpatchError(

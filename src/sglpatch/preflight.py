@@ -7,6 +7,10 @@ one line. A failed condition is one line starting ``FAIL``; apply refuses when a
 Driver floors per CUDA major are NVIDIA's minor-version-compatibility table (CUDA
 Compatibility guide, "CUDA Toolkit 11.x, 12.x, and 13.x Driver Version Ranges"; 12.0 GA
 shipped with 525.60.13 on Linux): CUDA 12.x needs >= 525.60.13, CUDA 13.x needs >= 580.
+Below 580 the driver line offers the CUDA 12 builds (``--cuda 12.N``, N the newest CUDA 12 the
+driver ships with: the CUDA Toolkit release notes' "Toolkit Driver Version" table); with them,
+one line per CUDA-specific requirement without a CUDA 12 build (sglang.cudavariant) and one for
+GPUs the chosen torch build has no kernels for.
 """
 
 from __future__ import annotations
@@ -19,6 +23,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 DRIVER_FLOOR = {12: (525, 60, 13), 13: (580,)}
+# the CUDA 12 release each driver branch shipped with (CUDA Toolkit release notes, GA drivers)
+DRIVER_CUDA12 = [((575, 51, 3), 9), ((570, 26), 8), ((560, 28, 3), 6), ((555, 42, 2), 5), ((550, 54, 14), 4),
+                 ((545, 23, 6), 3), ((535, 54, 3), 2), ((530, 30, 2), 1), ((525, 60, 13), 0)]
 NVCC_FOR_P1 = (12, 9)  # flashinfer's SM12x JIT (P1 on SM120) needs nvcc >= 12.9 at run time
 DISK_FACTOR = 3  # wheels unpacked (~2x) plus the installer's cached copy
 DISK_FLOOR_GIB = 25  # when the resolver gives no sizes (pip's report has none)
@@ -79,7 +86,12 @@ def cuda_major(plan) -> tuple[int | None, str]:
     return None, ""
 
 
-def check_driver(plan) -> Check:
+def cuda12_for(driver: str) -> str | None:
+    """The --cuda value to offer for driver ('12.8' for 570.x), None below CUDA 12's floor."""
+    return next((f"12.{minor}" for floor, minor in DRIVER_CUDA12 if _vtuple(driver) >= floor), None)
+
+
+def check_driver(plan, selection=None) -> Check:
     major, why = cuda_major(plan)
     rows, exe = gpus()
     if major is None:
@@ -91,10 +103,12 @@ def check_driver(plan) -> Check:
     if floor is None:
         return Check("driver", False, f"CUDA {major} (from {why}) has no known driver floor; driver {driver}")
     if _vtuple(driver) < floor:
+        offer = cuda12_for(driver) if major >= 13 and selection is None else None
         return Check(
             "driver",
             False,
-            f"NVIDIA driver {driver} is too old for CUDA {major} (from {why}); it needs >= {_vstr(floor)}: upgrade the driver on the host",
+            f"NVIDIA driver {driver} is too old for CUDA {major} (from {why}); it needs >= {_vstr(floor)}: upgrade the driver on the host"
+            + (f", or try the CUDA 12 builds: --cuda {offer}" if offer else ""),
         )
     return Check("driver", True, f"driver {driver} >= {_vstr(floor)} for CUDA {major} (from {why})")
 
@@ -168,6 +182,37 @@ def check_nvcc(p1: bool) -> Check:
     return Check("nvcc", True, f"{nvcc} ({where}) is {_vstr(have)} >= 12.9 for P1 on SM{sm12[0].replace('.', '')}")
 
 
-def run(plan, venv_dir: Path, p1: bool, resolve_error: str | None = None) -> list[Check]:
-    driver = Check("driver", None, "not checked (no plan to read the CUDA major from)") if resolve_error else check_driver(plan)
-    return [check_python(plan, resolve_error), driver, check_disk(plan, venv_dir), check_nvcc(p1)]
+def check_cuda12(selection) -> list[Check]:
+    """--cuda: one line per CUDA-specific requirement that has no CUDA 12 build."""
+    if not selection.missing:
+        taken = ", ".join(f"{n} {how}" for n, how in selection.chosen.items()) or "nothing to change"
+        return [Check("cuda12", True, f"every CUDA-specific requirement has a CUDA {selection.label} build: {taken}")]
+    return [Check("cuda12", False, m.line()) for m in selection.missing]
+
+
+def check_arch(plan, selection) -> Check:
+    """--cuda: the GPUs against the newest architecture the plan's torch build has kernels for."""
+    from sglpatch.cudavariant import WAY_OUT
+
+    for p in plan.packages:
+        entry = selection.table.local.get(p.name)
+        tag = p.version.split("+", 1)[1] if "+" in p.version else ""
+        if entry and tag in entry.max_sm:
+            rows, exe = gpus()
+            if not rows:
+                return Check("gpu-arch", None, f"{exe or 'nvidia-smi not found'}; not checked ({p.name} {p.version} has kernels up to SM{_vstr(entry.max_sm[tag])})")
+            newer = sorted({cap for _, cap in rows if _vtuple(cap) > entry.max_sm[tag]}, key=_vtuple)
+            if newer:
+                sm = ", ".join("SM" + c.replace(".", "") for c in newer)
+                return Check("gpu-arch", False, f"{p.name} {p.version} has no kernels for {sm} (its {tag} builds stop at SM{_vstr(entry.max_sm[tag]).replace('.', '')}): "
+                             f"{WAY_OUT}" + (f", or {entry.alternative}" if entry.alternative else ""))
+            return Check("gpu-arch", True, f"{p.name} {p.version} has kernels for every GPU here (up to SM{_vstr(entry.max_sm[tag]).replace('.', '')})")
+    return Check("gpu-arch", None, "the plan's torch build is not in the CUDA 12 table; not checked")
+
+
+def run(plan, venv_dir: Path, p1: bool, resolve_error: str | None = None, selection=None) -> list[Check]:
+    driver = Check("driver", None, "not checked (no plan to read the CUDA major from)") if resolve_error else check_driver(plan, selection)
+    checks = [check_python(plan, resolve_error), driver, check_disk(plan, venv_dir), check_nvcc(p1)]
+    if selection is not None:
+        checks += check_cuda12(selection) + ([] if resolve_error else [check_arch(plan, selection)])
+    return checks

@@ -1,7 +1,9 @@
 """`sglpatch watch`: the series against every upstream release after the pin.
 
 One row per release, one column per patch (the classification is rebase's own, see
-``rebase.classify``), plus the release's dependency pins next to the pinned release's.
+``rebase.classify``), plus the release's dependency pins next to the pinned release's and the
+newest release of each on the index; for the packages the series relies on (deps/newer.toml),
+what their newest release changes of what the newest watched release uses (sglpatch.depwatch).
 Trees are cached (``sglpatch.treecache``): each registry artifact is unpacked once into a
 cache git repository, so a second run only classifies. Output: a terminal table, and optionally JSON and markdown.
 Exit status: 3 when the newest release needs a human, else 0.
@@ -21,7 +23,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from sglpatch import artifacts, rebase, stack, supersede, treecache
+from sglpatch import artifacts, depwatch, rebase, stack, supersede, treecache
 from sglpatch import upstream as up
 from sglpatch.errors import SglpatchError, say
 from sglpatch.fsutil import write_if_changed
@@ -115,6 +117,27 @@ def _cell(o: rebase.Outcome, version: str) -> Cell:
     if o.note:
         details.append(o.note)
     return Cell("conflict", text, details, o.action == "stop")
+
+
+def newer_than_pins(project_root: Path, project: stack.Project, cg: Git, item: tuple, deps: dict[str, str]) -> tuple[dict, list[dict]]:
+    """The newest release of each pinned dependency, and for deps/newer.toml's packages what it
+    changes of what the release (item: the newest watched one) uses."""
+    newest = {}
+    for d in DEPS:
+        vs = artifacts.releases(d)
+        newest[d] = vs[-1] if vs else "?"
+    out = []
+    table = depwatch.load(project_root)
+    relied = depwatch.series_files(project_root, project, item[0]) if table else set()
+    for dist, cfg in table.items():
+        spec = deps.get(dist)
+        pinned = supersede._pinned_version(spec, dist) if spec else None
+        if not pinned or newest.get(dist, pinned) == pinned:
+            continue
+        say(f"{dist} {newest[dist]} is newer than sglang {item[0]}'s {spec}: checking what it changes ({cfg['module']})")
+        changes = depwatch.check(dist, cfg, pinned, newest[dist], cg, item[3], relied)
+        out.append({"dist": dist, "release": item[0], "pin": spec, "pinned": pinned, "newest": newest[dist], "why": cfg["why"], "changes": changes})
+    return newest, out
 
 
 def _parse_range(spec: str | None, name: str, pinned: str) -> list[str]:
@@ -236,12 +259,15 @@ def run(project_root: Path, releases: str | None = None, jobs: int | None = None
                     rows = [r for part in pool.map(_classify, chunks) for r in part]
         finally:
             _CTX.clear()
+    newest_deps, newer = newer_than_pins(project_root, project, cg, items[-1], rows[-1].deps)
     return {
         "pinned": {"version": lock.version, "artifact": lock.sdist_filename, "deps": pinned_deps},
         "patches": [e.name for e in project.series.entries],
         "rows": [asdict(r) for r in rows],
         "newest": versions[-1],
         "newest_verdict": rows[-1].verdict,
+        "newest_deps": newest_deps,
+        "newer": newer,
         "seconds": round(time.monotonic() - t0, 1),
     }
 
@@ -287,6 +313,12 @@ def terminal(report: dict) -> list[str]:
     lines.append(f"dependency pins (* = differs from the pinned {report['pinned']['version']}: {_dep_str(report['pinned']['deps'], report['pinned']['deps'])}):")
     for r in report["rows"]:
         lines.append(f"  {r['version']:<14} {r['source']:<6} {_dep_str(r['deps'], report['pinned']['deps'])}; wheels {r['deps'].get('tags')}")
+    newest = report.get("newest_deps", {})
+    if newest:
+        lines.append("  " + f"{'newest':<21} " + "; ".join(f"{d.replace('-python', '')} {v}" for d, v in newest.items()))
+    for n in report.get("newer", []):
+        lines.append(f"newer than the pins: {n['dist']} {n['newest']} (sglang {n['release']} pins {n['pin']}):")
+        lines += [f"  {'[series] ' if c['series'] else ''}{c['text']}" for c in n["changes"]]
     lines.append(f"newest {report['newest']}: {VERDICT[report['newest_verdict']]} ({report['seconds']}s)")
     return lines
 
@@ -307,6 +339,14 @@ def markdown(report: dict, command: str | None = None) -> str:
             "|---|---|---|---|---|---|---|---|"]
     for label, deps in [(f"{report['pinned']['version']} (pinned)", report["pinned"]["deps"])] + [(r["version"], r["deps"]) for r in report["rows"]]:
         out.append(f"| {label} | " + " | ".join(deps.get(d, "-") for d in DEPS) + f" | {deps.get('python', '-')} | {deps.get('tags', '-')} |")
+    if report.get("newest_deps"):
+        out.append("| newest on the index | " + " | ".join(report["newest_deps"].get(d, "-") for d in DEPS) + " | | |")
+    if report.get("newer"):
+        out += ["", "## Newer than the pins", ""]
+        for n in report["newer"]:
+            out.append(f"**{n['dist']} {n['newest']}** (sglang {n['release']} pins `{n['pin']}`; the series relies on it: {n['why']}):")
+            out += [f"- {'**series**: ' if c['series'] else ''}{c['text']}" for c in n["changes"]]
+            out.append("")
     out += ["", "## Details", ""]
     for r in report["rows"]:
         for n, c in zip(names, cols):
