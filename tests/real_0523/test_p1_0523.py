@@ -138,6 +138,7 @@ def published(model_dir):
         sa.resolve_once()
         return use_context(create_context(sa, role="test"))
 
+    make.model = str(model_dir)
     return make
 
 
@@ -238,3 +239,22 @@ def test_allreduce_dispatch_with_pcie_ipc_on_and_off(monkeypatch, env, expect):
     assert g._resolve_outplace_all_reduce_method(x) == expect
     g.ca_comm = comm(disabled=True)  # SGLang's custom allreduce, switched off on PCIe-only GPUs
     assert g._resolve_outplace_all_reduce_method(x) == expect
+
+
+def test_fusion_token_limit_from_the_launch_config(published, monkeypatch):
+    """SM120: fused (and the workspace sized) only up to the captured decode/verify width:
+    cuda_graph_max_bs x draft tokens per request; prefill stays on NCCL."""
+    from sglang.srt.layers.layer_boundary.residual import add_norm
+    from sglang.srt.runtime_context import get_exec
+
+    monkeypatch.setattr(add_norm, "_is_sm120_supported", True)  # computed at import from CUDA
+    monkeypatch.setattr(add_norm, "_sm120_fuse_allreduce_max_tokens", None)
+    with published(speculative_algorithm="EAGLE3", speculative_draft_model_path=published.model,
+                   speculative_num_steps=3, speculative_eagle_topk=1, speculative_num_draft_tokens=4):
+        max_bs = get_exec().graph.cuda_graph_config.decode.max_bs
+        assert max_bs and add_norm.get_fuse_allreduce_max_tokens() == max_bs * 4 < 2048
+    monkeypatch.setattr(add_norm, "_sm120_fuse_allreduce_max_tokens", None)
+    with published():
+        assert add_norm.get_fuse_allreduce_max_tokens() == get_exec().graph.cuda_graph_config.decode.max_bs  # 1 token each
+    monkeypatch.setattr(add_norm, "_is_sm120_supported", False)
+    assert add_norm.get_fuse_allreduce_max_tokens() == 2048  # SM90/SM100 unchanged
