@@ -137,7 +137,7 @@ def build_tree(line: str, top: Path) -> Path:
 
 
 def run(lines: list[str], out: Path) -> list[dict]:
-    rows = []
+    rows, start = [], time.monotonic()
     with tempfile.TemporaryDirectory(prefix="sglpatch-mutants-") as tmp:
         for line in lines:
             print(f"mutants: building the {line} tree", file=sys.stderr, flush=True)
@@ -169,6 +169,8 @@ def run(lines: list[str], out: Path) -> list[dict]:
     for r in rows:
         md.append(f"| {r['line']} | {r['patch']} | `{r['id']}` | {r['fault']} | {'<br>'.join(r['failed']) or '—'} | "
                   f"{'killed' if r['killed'] else '**SURVIVED**'} |")
+    md += ["", "ERROR: the fault broke a fixture that runs the patched code (a kill as well).",
+           f"Whole run: {time.monotonic() - start:.0f} s (trees built, every mutant's tests run) on this machine."]
     (out / "mutants.md").write_text("\n".join(md) + "\n")
     return rows
 
