@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Install what the tests need into a private venv (.venv here, or $SGLPATCH_TEST_VENV; with
 # PYTHON=... that interpreter instead) and run them. The venv keeps the test requirements
-# (torch 2.14.1, transformers 4.57.1, ...) away from the Python that serves your models.
+# (torch 2.14.1, transformers 4.57.1, ...) away from the Python that serves your models; a second
+# venv (.venv-0523, or $SGLPATCH_TEST_VENV_0523) holds SGLang 0.5.23's pins for tests/real_0523.
 # Needs: git, Debian's quilt and patch (installed with apt-get when run as root).
 #
 #   scripts/test.sh [PYTEST ARGS...]      e.g. scripts/test.sh tests/test_stack.py -k export
@@ -30,6 +31,29 @@ if ! command -v quilt >/dev/null || ! command -v patch >/dev/null; then
 fi
 echo "test.sh: installing test requirements into $PY (no-op when present; the first time takes minutes)" >&2
 "$PY" -m pip install -q --disable-pip-version-check -r requirements-test.txt -e ".[dev]"
+# The second venv, for the tests on SGLang 0.5.23's own modules (tests/real_0523, run by
+# tests/test_port_0523.py): 0.5.23's pins (requirements-test-0523.txt, flashinfer-python 0.7.2
+# --no-deps) over the main venv's packages (torch 2.14.1 through a .pth file). Built once; rebuilt
+# when requirements-test-0523.txt changes. If it cannot be built, those tests skip and say why.
+VENV0523="${SGLPATCH_TEST_VENV_0523:-$HERE/.venv-0523}"
+REQS0523="$(sha256sum requirements-test-0523.txt | cut -c1-16) flashinfer-python==0.7.2"
+purelib() { "$1" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])"; }
+build_0523() {
+  rm -rf "$VENV0523" && "$PY" -m venv "$VENV0523" || return 1
+  purelib "$PY" > "$(purelib "$VENV0523/bin/python")/_sglpatch_parent.pth" || return 1
+  "$VENV0523/bin/python" -m pip install -q --disable-pip-version-check -r requirements-test-0523.txt || return 1
+  "$VENV0523/bin/python" -m pip install -q --disable-pip-version-check --no-deps flashinfer-python==0.7.2
+}
+if [ "$(cat "$VENV0523/.sglpatch-reqs" 2>/dev/null)" != "$REQS0523" ]; then
+  echo "test.sh: building the 0.5.23 test venv $VENV0523 (once; a few minutes)" >&2
+  if build_0523; then
+    echo "$REQS0523" > "$VENV0523/.sglpatch-reqs"
+  else
+    echo "test.sh: could not build $VENV0523; the 0.5.23 real-module tests will skip" >&2
+    rm -rf "$VENV0523"
+  fi
+fi
+export SGLPATCH_TEST_VENV_0523="$VENV0523"
 # the venv's tools (uv, black, sglpatch) on PATH, as an activated venv would have them
 export PATH="$(dirname "$(command -v "$PY")"):$PATH"
 exec "$PY" -m pytest -q -p no:cacheprovider "$@"

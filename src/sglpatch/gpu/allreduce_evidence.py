@@ -17,6 +17,11 @@ The lines are the real modules' messages:
   fusion is disabled because SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=1 hands ...": the fusion line then says so).
 
 SGLang tries its custom allreduce before PCIe-IPC, so when both are on, P2 takes the small tensors.
+
+P1 on 0.5.23 (issue 18) logs one start-up line that names the path outright, read first when
+present: "Decode/verify allreduce: <trtllm fused | custom allreduce | PCIe-IPC | NCCL>
+(world_size=N)." (`flashinfer_comm_fusion.log_decode_allreduce_path`, after the workspaces are
+built). A fused path serves the plain decode reductions too (set_flashinfer_allreduce_only).
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ IPC_GAVE_UP = re.compile(r"PCIe-IPC.*(falling back to NCCL|reductions stay on NC
                          r"PCIe-IPC all-reduce skipped|leaving PCIe-IPC all-reduce off")
 FUSION_ON = re.compile(r"FlashInfer AllReduce Fusion enabled|FlashInfer workspace initialized for rank")
 FUSION_OFF = re.compile(r"FlashInfer allreduce fusion (is )?disabled|AllReduce fusion disabled|Skipping allreduce fusion")
+STARTUP = re.compile(r"Decode/verify allreduce: ([A-Za-z0-9 -]+?) \(world_size=\d+\)")
 SWITCHES = ("SGLANG_ENABLE_PCIE_CUSTOM_AR", "SGLANG_PCIE_CUSTOM_AR_MAX_BYTES", "SGLANG_ENABLE_PCIE_IPC_ALLREDUCE",
             "SGLANG_PCIE_IPC_MAX_NUMEL")
 FUSION_FLAG = "--enable-flashinfer-allreduce-fusion"
@@ -38,6 +44,8 @@ FUSION_BACKEND_FLAG = "--flashinfer-allreduce-fusion-backend"
 
 P2_NAME, IPC_NAME, NCCL_NAME, UNKNOWN = ("custom allreduce (P2)", "PCIe-IPC (upstream)", "NCCL",
                                          "unknown (no evidence in the log)")
+FUSED_NAME, CA_NAME = "flashinfer trtllm fused (P1)", "custom allreduce (upstream)"
+STARTUP_NAMES = {"PCIe-IPC": IPC_NAME, "NCCL": NCCL_NAME, "trtllm fused": FUSED_NAME, "custom allreduce": CA_NAME}
 
 
 def _first(lines: list[str], pat: re.Pattern) -> str | None:
@@ -61,7 +69,14 @@ def allreduce_backend(log_path: Path, env: dict, args: list[str]) -> dict:
     out: dict = {"selected_by": sel, "fusion": None}
     p2, ipc_on, ipc_off = _first(lines, P2), _first(lines, IPC_ON), _first(lines, IPC_GAVE_UP)
     off = _first(lines, CUSTOM_OFF)
-    if p2:
+    startup = _first(lines, STARTUP)
+    if startup:  # the start-up line of P1 on 0.5.23 names the path itself
+        path = STARTUP.search(startup).group(1)
+        out.update(backend=STARTUP_NAMES.get(path, f"flashinfer {path}" if path.endswith(" fused") else path),
+                   evidence=startup)
+        if path.endswith(" fused"):
+            out["fusion"] = startup
+    elif p2:
         cap = int(P2.search(p2).group(1))
         out.update(backend=P2_NAME if cap > 0 else NCCL_NAME, evidence=p2)
         if ipc_on:
@@ -74,8 +89,10 @@ def allreduce_backend(log_path: Path, env: dict, args: list[str]) -> dict:
         out.update(backend=NCCL_NAME, evidence=off)
     else:
         out.update(backend=UNKNOWN, evidence=None)
-    fused = _first(lines, FUSION_ON)
-    if fused:
+    fused = None if startup else _first(lines, FUSION_ON)
+    if out["fusion"]:
+        pass
+    elif fused:
         out["fusion"] = fused
     elif sel.get(FUSION_FLAG) or sel.get(FUSION_BACKEND_FLAG):
         out["fusion"] = _first(lines, FUSION_OFF) or "flag set, no fusion line in the log"
