@@ -55,6 +55,7 @@ class Box:
     p2p_timeout: float = 20.0
     p2p_start_timeout: float = 180.0
     p2p: bool = True
+    reapers: frozenset = dp.REAPER_PIDS  # the PIDs that adopt orphans (a subreaper's too, where one runs)
 
     def smi(self) -> str | None:
         return self.nvidia_smi or shutil.which("nvidia-smi")
@@ -65,7 +66,8 @@ def check_procs(sc: dict, ended: list[str]) -> dc.Check:
     stale = [p for p in procs if p.stale]
     details = [p.line() for p in procs] + [f"pid {pid}: {mib} MiB per nvidia-smi, not visible here (the host's or "
                                            f"another container's PID)" for pid, mib in sorted(smi_only.items())] + ended
-    done = f"ended {sum(1 for e in ended if e.startswith('ended'))} stale process(es); " if ended else ""
+    n_ended = sum(1 for e in ended if e.startswith("ended"))
+    done = f"ended {n_ended} stale process(es); " if n_ended else ""
     data = {"procs": [p.to_json() for p in procs], "smi_only": smi_only, "ended": ended}
     if stale:
         names = ", ".join(f"pid {p.pid} ({p.cmdline.split()[0] if p.cmdline else '?'}, "
@@ -90,7 +92,7 @@ def check_procs(sc: dict, ended: list[str]) -> dc.Check:
 
 
 def _kill_stale(box: Box, yes: bool, ask, out) -> list[str]:
-    stale = [p for p in dp.scan(box.dev_glob, str(box.proc_root), box.smi())["procs"] if p.stale]
+    stale = [p for p in dp.scan(box.dev_glob, str(box.proc_root), box.smi(), box.reapers)["procs"] if p.stale]
     if not stale:
         return []
     out(f"doctor: {len(stale)} stale worker(s) to end (process group, then PID; SIGTERM, SIGKILL after 10 s):")
@@ -102,8 +104,12 @@ def _kill_stale(box: Box, yes: bool, ask, out) -> list[str]:
         except EOFError:
             answer = ""
         if answer.strip().lower() not in ("y", "yes"):
-            return ["nothing ended (not confirmed; --yes ends without asking)"]
-    return dp.end_stale(stale)
+            out("doctor: nothing ended (not confirmed; --yes ends without asking)")
+            return []
+    lines = dp.end_stale(stale)
+    for line in lines:
+        out(f"doctor: {line}")
+    return lines
 
 
 def run_doctor(python: str, prof: dict, project: Path, box: Box | None = None, env: dict | None = None,
@@ -121,7 +127,7 @@ def run_doctor(python: str, prof: dict, project: Path, box: Box | None = None, e
             out(c.line())
 
     ended = _kill_stale(box, yes, ask, out) if kill_stale else []
-    add(check_procs(dp.scan(box.dev_glob, str(box.proc_root), smi), ended))
+    add(check_procs(dp.scan(box.dev_glob, str(box.proc_root), smi, box.reapers), ended))
     info = dc.probe_python(python, env)
     served = imported_sglang(python, env, project)
     rows, exe = preflight.gpus(smi) if smi else ([], "")
@@ -207,6 +213,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--proc-root", default="/proc", help=argparse.SUPPRESS)
     p.add_argument("--shm", default="/dev/shm", help=argparse.SUPPRESS)
     p.add_argument("--p2p-probe", default=str(dg.P2P_PROBE), help=argparse.SUPPRESS)
+    p.add_argument("--reapers", default="0,1", help=argparse.SUPPRESS)
 
 
 def run_args(args: argparse.Namespace) -> int:
@@ -220,7 +227,8 @@ def run_args(args: argparse.Namespace) -> int:
     if args.kernel_report and not (Path(args.kernel_report) / "report.json").is_file():
         raise SglpatchError(f"--kernel-report {args.kernel_report}: no report.json there", exit_code=2)
     box = Box(nvidia_smi=args.nvidia_smi, proc_root=Path(args.proc_root), dev_glob=args.dev_glob, shm=Path(args.shm),
-              p2p_probe=Path(args.p2p_probe), p2p_timeout=args.p2p_timeout, p2p=not args.no_p2p)
+              p2p_probe=Path(args.p2p_probe), p2p_timeout=args.p2p_timeout, p2p=not args.no_p2p,
+              reapers=frozenset(int(x) for x in args.reapers.split(",") if x.strip().isdigit()))
     doc = run_doctor(serving_python(prof, args.python), prof, proj, box, kill_stale=args.kill_stale, yes=args.yes,
                      kernel_report=Path(args.kernel_report) if args.kernel_report else None)
     if args.json:
