@@ -58,7 +58,10 @@ class Box:
     reapers: frozenset = dp.REAPER_PIDS  # the PIDs that adopt orphans (a subreaper's too, where one runs)
 
     def smi(self) -> str | None:
-        return self.nvidia_smi or shutil.which("nvidia-smi")
+        """The nvidia-smi to run: the one given when it is an executable file, else the one on PATH."""
+        if self.nvidia_smi:
+            return self.nvidia_smi if os.path.isfile(self.nvidia_smi) and os.access(self.nvidia_smi, os.X_OK) else None
+        return shutil.which("nvidia-smi")
 
 
 def check_procs(sc: dict, ended: list[str]) -> dc.Check:
