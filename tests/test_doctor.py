@@ -156,9 +156,21 @@ def test_sglang_line_outside_a_workdir_and_when_it_does_not_import(seen, tmp_pat
 
 
 def test_sglang_line_of_the_patched_workdir(patched_python, patched_tree, project_root):
-    c = dc.check_sglang(imported_sglang(str(patched_python), base_env(), project_root))
+    served = imported_sglang(str(patched_python), base_env(), project_root)
+    c = dc.check_sglang(served)
     assert c.state == "ok", c.line()
     assert f"(workdir {patched_tree}, 4 patches: 0001-" in c.text and "; in sync with the series" in c.text
+    assert "state:    in sync with the series" in c.details and "dirty:    0 uncommitted file(s)" in c.details
+    # the same workdir as `sglpatch status` would show it after a commit there, or with an edit
+    unexported = [ln if not ln.startswith("state:") else "state:    patched has unexported commits: run "
+                  "`sglpatch export`" for ln in served["status"]]
+    c = dc.check_sglang(dict(served, status=unexported))
+    assert c.state == "warn" and "; patched has unexported commits: run `sglpatch export`)" in c.text
+    assert c.fix.startswith("run `sglpatch status` there")
+    dirty = [ln if not ln.startswith("dirty:") else "dirty:    1 uncommitted file(s): python/sglang/x.py"
+             for ln in served["status"]]
+    c = dc.check_sglang(dict(served, status=dirty))
+    assert c.state == "warn" and c.text.endswith("; in sync with the series; 1 uncommitted file(s): python/sglang/x.py)")
 
 
 # ------------------------------------------------------------------ 3. driver and toolkits

@@ -78,10 +78,11 @@ def check_sglang(served: dict) -> Check:
     carried, status = served["carried"], served.get("status") or []
     state_line = next((ln.split(":", 1)[1].strip() for ln in status if ln.startswith("state:")), "?")
     dirty = next((ln.split(":", 1)[1].strip() for ln in status if ln.startswith("dirty:")), "")
+    dirty = "" if dirty.startswith("0 ") else dirty
     names = ", ".join(c.split(":", 1)[0] for c in carried) or "none"
     text = f"{head} (workdir {served.get('workdir')}, {len(carried)} patches: {names}; {state_line}"
     text += f"; {dirty})" if dirty else ")"
-    fine = state_line == "in sync with the series" and (not dirty or dirty.startswith("0 "))
+    fine = state_line == "in sync with the series" and not dirty
     fix = "" if fine else "run `sglpatch status` there; `sglpatch export` keeps commits, `sglpatch apply` rebuilds"
     return Check("sglang", "ok" if fine else "warn", text, fix, details=list(status))
 
