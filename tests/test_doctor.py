@@ -423,3 +423,18 @@ def test_regress_server_tier_runs_the_doctor_first_and_refuses_the_load(tmp_path
     r = subprocess.run([*cmd, "--report", str(tmp_path / "r2"), "--no-doctor"], capture_output=True, text=True,
                        env=env, timeout=300)
     assert launched.exists() and not (tmp_path / "r2" / "doctor.json").exists(), r.stdout + r.stderr
+
+
+def test_sglpatch_doctor_is_registered_with_its_options(tmp_path):
+    import shutil
+
+    exe = shutil.which("sglpatch")
+    assert exe, "the sglpatch console script is not on PATH (scripts/test.sh puts the venv's bin there)"
+    text = " ".join(subprocess.run([exe, "doctor", "--help"], capture_output=True, text=True).stdout.split())
+    for opt in ("--python", "--profile", "--json FILE", "--kill-stale", "--yes", "--kernel-report DIR", "--no-p2p"):
+        assert opt in text
+    assert "--p2p-timeout S deadline per GPU pair (default: 20.0)" in text and "--dev-glob" not in text
+    top = subprocess.run([exe, "--help"], capture_output=True, text=True).stdout
+    assert "doctor" in top and "run it first on a new box" in " ".join(top.split())
+    r = subprocess.run([exe, "doctor", "--profile", "nope", "--project", str(ROOT)], capture_output=True, text=True)
+    assert r.returncode == 2 and r.stderr.startswith("sglpatch: error: profile 'nope' not found")
