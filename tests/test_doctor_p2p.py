@@ -95,6 +95,14 @@ def test_a_probe_that_never_starts_fails_after_the_start_deadline(tmp_path):
     assert c.line().startswith("fail p2p-copy: the P2P probe did not start within 1 s (CUDA initialisation hung?)")
 
 
+def test_a_probe_that_crashes_before_it_starts_fails(tmp_path):
+    bad = tmp_path / "crash.py"
+    bad.write_text("import sys\nprint('RuntimeError: CUDA driver initialization failed', file=sys.stderr)\nsys.exit(1)\n")
+    res = doctor_gpu.run_p2p(sys.executable, {"PATH": "/usr/bin:/bin"}, [(0, 1)], bad, 1.0, 5.0)
+    assert doctor_gpu.check_p2p(res, "").line().startswith(
+        "fail p2p-copy: the P2P probe ended before it started: RuntimeError: CUDA driver initialization failed")
+
+
 def test_no_gpu_and_skips(tmp_path):
     res, _, _ = run(tmp_path, None, gpus=0)
     assert doctor_gpu.check_p2p(res, "").state == "skip"

@@ -155,7 +155,7 @@ def run_p2p(python: str, env: dict, pairs: list[tuple[int, int]] | None, probe: 
                 todo.remove(current)
             continue
         if not ready:
-            res["start_hung"] = ended == "deadline"
+            res["no_start"] = True  # GPUs are visible, yet the probe could not initialise them
             res["error"] = (f"the P2P probe did not start within {start_timeout:.0f} s (CUDA initialisation hung?)"
                             if ended == "deadline" else f"the P2P probe ended before it started: {tail}")
             res["untested"].update({p: res["error"] for p in todo or []})
@@ -170,7 +170,7 @@ def check_p2p(res: dict | None, cmdline: str, why_skipped: str = "") -> Check:
     if res is None:
         return Check("p2p-copy", "skip", why_skipped or "not run")
     if res.get("error") and not res["pairs"]:
-        return Check("p2p-copy", "fail" if res.get("start_hung") else "skip", res["error"],
+        return Check("p2p-copy", "fail" if res.get("no_start") else "skip", res["error"],
                      "check `nvidia-smi` answers and no process is stuck on the GPUs (gpu-procs)")
     ready = res.get("ready") or {}
     if not res["pairs"] and not res["untested"]:
