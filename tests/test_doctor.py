@@ -326,6 +326,8 @@ def test_free_memory_against_the_model(tmp_path):
                             "--kill-stale)")
     uneven = dg.check_memory(dg.query_memory(fake_smi(tmp_path / "c", free=[95 * GIB] * 7 + [80 * GIB])), prof)
     assert uneven.state == "fail" and "unbalanced across the TP GPUs (80.0 vs 95.0 GiB)" in uneven.text
+    rows = dg.query_memory(fake_smi(tmp_path / "c2", free=[95 * GIB] * 7 + [80 * GIB]))
+    assert dg.check_memory(rows, prof, {"SGLANG_ENABLE_TP_MEMORY_INBALANCE_CHECK": "0"}).state == "warn"
     two = dg.check_memory(dg.query_memory(fake_smi(tmp_path / "d", topo="nvlink-h200x2")), prof)
     assert two.line().startswith("fail gpu-memory: the profile serves with tp 8, 2 GPU(s) visible")
     nomodel = dg.check_memory(dg.query_memory(fake_smi(tmp_path / "e")), profiles.load_profile(None))

@@ -161,7 +161,7 @@ def run_doctor(python: str, prof: dict, project: Path, box: Box | None = None, e
         cmdline = ""
     add(dg.check_p2p(res, cmdline, why))
     add(dg.check_backend(klass, version_tuple(served.get("sglang_version")), kernel_report))
-    add(dg.check_memory(dg.query_memory(smi) if rows else [], prof))
+    add(dg.check_memory(dg.query_memory(smi) if rows else [], prof, info.get("env") or env))
     fails = [c for c in checks if c.state == "fail"]
     code = EXIT_FAIL if fails else (EXIT_OK if rows else EXIT_CANNOT_RUN)
     status = {EXIT_OK: "ok", EXIT_FAIL: "fail", EXIT_CANNOT_RUN: "cannot_run"}[code]

@@ -22,7 +22,10 @@ from sglpatch.gpu.doctor_checks import Check
 from sglpatch.proctree import Tree
 
 P2P_PROBE = Path(__file__).with_name("doctor_p2p_probe.py")
-BALANCE = 0.9  # SGLang refuses TP when a GPU has < 0.9 x the free memory of another ("memory capacity is unbalanced")
+# SGLang refuses TP when a GPU has < 0.9 x the free memory of another ("The memory capacity is unbalanced":
+# 0.5.9 srt/model_executor/model_runner.py, 0.5.23 srt/distributed/bootstrap.py), unless
+# SGLANG_ENABLE_TP_MEMORY_INBALANCE_CHECK is off (then only a warning)
+BALANCE = 0.9
 ACS_HINT = ("P2P between them is broken: ACS on a bridge above them redirects peer traffic to the root complex, "
             "or the IOMMU remaps it; check `sudo lspci -vvv | grep -i acsctl` (SrcValid+ / ReqRedir+ on the "
             "bridges: ACS on) and the kernel command line (/proc/cmdline: iommu=pt, intel_iommu=, amd_iommu=)")
@@ -246,7 +249,7 @@ def check_backend(klass: str, version: tuple[int, ...], kernel_report: Path | No
 # ------------------------------------------------------------------ 5. free GPU memory
 
 
-def check_memory(rows: list[dict], prof: dict) -> Check:
+def check_memory(rows: list[dict], prof: dict, env: dict | None = None) -> Check:
     if not rows:
         return Check("gpu-memory", "skip", "nvidia-smi gave no memory figures")
     model = prof.get("model") or {}
@@ -271,7 +274,10 @@ def check_memory(rows: list[dict], prof: dict) -> Check:
                      "stop what holds it (see gpu-procs; stale workers: sglpatch doctor --kill-stale)", details=details)
     lo, hi = min(r["free"] for r in used), max(r["free"] for r in used)
     if tp > 1 and lo < BALANCE * hi:
-        return Check("gpu-memory", "fail", f"free memory unbalanced across the TP GPUs ({lo / 1024:.1f} vs {hi / 1024:.1f} "
-                     "GiB): SGLang refuses the load ('The memory capacity is unbalanced')",
+        off = str((env or {}).get("SGLANG_ENABLE_TP_MEMORY_INBALANCE_CHECK", "1")).lower() in ("0", "false")
+        return Check("gpu-memory", "warn" if off else "fail",
+                     f"free memory unbalanced across the TP GPUs ({lo / 1024:.1f} vs {hi / 1024:.1f} GiB): SGLang "
+                     + ("only warns (SGLANG_ENABLE_TP_MEMORY_INBALANCE_CHECK off)" if off else
+                        "refuses the load ('The memory capacity is unbalanced')"),
                      "stop what holds memory on the fuller GPUs (see gpu-procs)", details=details)
     return Check("gpu-memory", "ok", f"every TP GPU has >= {lo / 1024:.1f} GiB free; needs {how}", details=details)
