@@ -235,7 +235,10 @@ def run_args(args: argparse.Namespace) -> int:
     doc = run_doctor(serving_python(prof, args.python), prof, proj, box, kill_stale=args.kill_stale, yes=args.yes,
                      kernel_report=Path(args.kernel_report) if args.kernel_report else None)
     if args.json:
-        Path(args.json).write_text(json.dumps(doc, indent=1, default=str) + "\n")
+        try:
+            Path(args.json).write_text(json.dumps(doc, indent=1, default=str) + "\n")
+        except OSError as e:
+            raise SglpatchError(f"--json {args.json}: {e.strerror}") from None
     return doc["exit_code"]
 
 
