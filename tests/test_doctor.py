@@ -385,6 +385,11 @@ def test_doctor_end_to_end_ok_then_a_failing_check(tmp_path):
     assert [f.split(":")[0] for f in fails] == ["fail p2p-copy", "fail gpu-memory"]
     assert fails[0].startswith("fail p2p-copy: pair(s) 3<->4 hung past 2 s: P2P between them is broken")
     assert "this kernel has: iommu=pt" in fails[0]
+    # CUDA_VISIBLE_DEVICES leaves 3 GPUs: the pairs are the probe's, not nvidia-smi's 28
+    r = doctor_cli(tmp_path, smi, "--profile", "rtx6000x8-kimi-k25", env_extra={
+        "PYTHONPATH": str(good), "CUDA_VISIBLE_DEVICES": "0,1,2", "FAKE_GPUS": "3"})
+    assert "ok   p2p-copy: 3 pairs copied both ways" in r.stdout, r.stdout
+    assert "doctor: P2P copy test on every GPU pair torch sees, 2 s each at most" in r.stderr
 
 
 def test_no_gpu_visible_is_125_and_a_missing_kernel_report_is_a_usage_error(tmp_path):

@@ -152,8 +152,10 @@ def run_doctor(python: str, prof: dict, project: Path, box: Box | None = None, e
     elif (info.get("torch") or {}).get("error") or info.get("error"):
         why = "the serving interpreter has no working torch"
     else:
-        pairs = topo.pairs() or None
-        say(f"doctor: P2P copy test on {len(pairs) if pairs else 'every'} GPU pair(s), {box.p2p_timeout:g} s each at most")
+        # CUDA_VISIBLE_DEVICES renumbers the GPUs: then every pair the probe's torch sees, in its numbering
+        pairs = None if (info.get("env") or env).get("CUDA_VISIBLE_DEVICES") is not None else (topo.pairs() or None)
+        which = f"{len(pairs)} GPU pair(s)" if pairs else "every GPU pair torch sees"
+        say(f"doctor: P2P copy test on {which}, {box.p2p_timeout:g} s each at most")
         res = dg.run_p2p(python, env, pairs, box.p2p_probe, box.p2p_timeout, box.p2p_start_timeout)
     try:
         cmdline = (Path(box.proc_root) / "cmdline").read_text()
