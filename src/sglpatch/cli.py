@@ -65,6 +65,9 @@ def build_parser() -> argparse.ArgumentParser:
     # --- regress (owner: regress helper) -----------------------------------
     _add_regress(sub)
 
+    # --- doctor (owner: issue 20) ---------------------------------------------
+    _add_doctor(sub)
+
     # --- bisect (owner: bisect helper) -------------------------------------
     _add_bisect(sub)
 
@@ -293,6 +296,16 @@ def _add_regress(sub) -> None:
     )
     regress.add_arguments(p)
     p.set_defaults(func=lambda args: regress.run_args(args, ["sglpatch", "regress"]))
+
+
+def _add_doctor(sub) -> None:
+    from sglpatch.gpu import doctor
+
+    p = sub.add_parser("doctor", help="check the box before a load: stale GPU processes, the serving Python, "
+                       "NCCL settings, driver, P2P per GPU pair, free memory (run it first on a new box)",
+                       description=doctor.DESCRIPTION)
+    doctor.add_arguments(p)
+    p.set_defaults(func=doctor.run_args)
 
 
 def _add_bisect(sub) -> None:

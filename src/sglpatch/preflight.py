@@ -51,9 +51,10 @@ def _vstr(v: tuple[int, ...]) -> str:
     return ".".join(str(x) for x in v)
 
 
-def gpus() -> tuple[list[tuple[str, str]], str]:
-    """[(driver_version, compute_cap)] from nvidia-smi, and how it was found ('' = no nvidia-smi)."""
-    exe = shutil.which("nvidia-smi")
+def gpus(exe: str | None = None) -> tuple[list[tuple[str, str]], str]:
+    """[(driver_version, compute_cap)] from nvidia-smi (``exe``, else the one on PATH), and how
+    it was found ('' = no nvidia-smi)."""
+    exe = exe or shutil.which("nvidia-smi")
     if not exe:
         return [], ""
     try:
@@ -93,7 +94,12 @@ def cuda12_for(driver: str) -> str | None:
 
 def check_driver(plan, selection=None) -> Check:
     major, why = cuda_major(plan)
-    rows, exe = gpus()
+    return driver_verdict(major, why, *gpus(), offer_cuda12=selection is None)
+
+
+def driver_verdict(major: int | None, why: str, rows: list[tuple[str, str]], exe: str, offer_cuda12: bool = False) -> Check:
+    """The driver rule: the oldest driver of ``rows`` (gpus()) against the floor of CUDA ``major``;
+    offer_cuda12: name the `--cuda 12.N` builds as the other way out (apply --venv without --cuda)."""
     if major is None:
         return Check("driver", None, "the plan has no CUDA runtime (CPU-only torch?); nothing to check")
     floor = DRIVER_FLOOR.get(major)
@@ -103,7 +109,7 @@ def check_driver(plan, selection=None) -> Check:
     if floor is None:
         return Check("driver", False, f"CUDA {major} (from {why}) has no known driver floor; driver {driver}")
     if _vtuple(driver) < floor:
-        offer = cuda12_for(driver) if major >= 13 and selection is None else None
+        offer = cuda12_for(driver) if major >= 13 and offer_cuda12 else None
         return Check(
             "driver",
             False,
@@ -150,22 +156,28 @@ def check_disk(plan, venv_dir: Path) -> Check:
     return Check("disk", True, text)
 
 
-def find_nvcc() -> tuple[str | None, str]:
-    home = os.environ.get("CUDA_HOME")
+def find_nvcc(env: dict | None = None) -> tuple[str | None, str]:
+    """nvcc on CUDA_HOME, else on PATH, of ``env`` (default: this process's environment)."""
+    env = os.environ if env is None else env
+    home = env.get("CUDA_HOME")
     if home and (Path(home) / "bin" / "nvcc").is_file():
         return str(Path(home) / "bin" / "nvcc"), "CUDA_HOME"
-    found = shutil.which("nvcc")
+    found = shutil.which("nvcc", path=env.get("PATH"))
     return (found, "PATH") if found else (None, "")
 
 
 def check_nvcc(p1: bool) -> Check:
     if not p1:
         return Check("nvcc", None, "not needed (P1 not requested; --with-flashinfer asks for it)")
-    rows, exe = gpus()
+    return nvcc_verdict(*gpus())
+
+
+def nvcc_verdict(rows: list[tuple[str, str]], exe: str, env: dict | None = None) -> Check:
+    """The nvcc rule for P1's JIT on the SM12x GPUs of ``rows`` (gpus()), nvcc found in ``env``."""
     sm12 = [cap for _, cap in rows if _vtuple(cap)[:1] == (12,)]
     if not sm12:
         return Check("nvcc", None, f"not needed here (no SM12x GPU: {exe or 'nvidia-smi not found'})")
-    nvcc, where = find_nvcc()
+    nvcc, where = find_nvcc(env)
     if not nvcc:
         return Check("nvcc", False, "P1 on SM12x needs nvcc >= 12.9 at run time; none on CUDA_HOME or PATH: set CUDA_HOME to CUDA >= 12.9")
     try:

@@ -37,6 +37,9 @@ DEFAULTS: dict = {
                "stress_required": [], "stress_sizes": [1, 2, 3, 4, 8, 16], "stress_modes": ["eager", "graph"],
                "stress_step_timeout_s": 120, "stress_timeout_s": 0},
     "server": None,
+    # the served model's size, for `sglpatch doctor`'s free-memory check: each GPU needs
+    # weights_gib / [server] tp + margin_gib free before a load
+    "model": {"weights_gib": None, "margin_gib": 6.0},
 }
 SERVER_DEFAULTS: dict = {
     "python": None, "host": "127.0.0.1", "port": 30000, "tp": 1, "model_path": "", "seed": 1234,

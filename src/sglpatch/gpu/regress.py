@@ -33,7 +33,7 @@ EXIT_PASS, EXIT_FAIL, EXIT_CANNOT_RUN = 0, 1, 125
 def run_regress(tier: str = "all", profile: str | None = None, report: str | None = None,
                 project: str | None = None, baseline: str | None = None, argv: list[str] | None = None,
                 stress: int | None = None, modes: str | None = None, parity_with: str | None = None,
-                ab: str | None = None) -> dict:
+                ab: str | None = None, doctor: bool = False) -> dict:
     if tier not in (*TIERS, "all"):
         raise usage_error(f"unknown tier {tier!r}; choose cpu, kernel, server or all")
     if ab and tier != "server":
@@ -65,9 +65,10 @@ def run_regress(tier: str = "all", profile: str | None = None, report: str | Non
 
             if ab:
                 results.append(tier_server_ab(prof, proj, report_dir, base_env, ab, modes=modes,
-                                              parity_with=parity_with))
+                                              parity_with=parity_with, doctor=doctor))
             else:
-                results.append(tier_server(prof, proj, report_dir, base_env, modes=modes, parity_with=parity_with))
+                results.append(tier_server(prof, proj, report_dir, base_env, modes=modes, parity_with=parity_with,
+                                           doctor=doctor))
     if any(r.status == "fail" for r in results):
         status, code = "fail", EXIT_FAIL
     elif any(r.status == "pass" for r in results) and (tier == "all" or results[0].status == "pass"):
@@ -120,6 +121,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="server tier: run the same modes, profile and prompts with two installs (A's, then B's "
                    "interpreter) and report them side by side with B/A ratios (each side gated as usual; the "
                    "comparison only reports)")
+    p.add_argument("--no-doctor", action="store_true",
+                   help="server tier: do not run `sglpatch doctor` first (by default a failed check refuses the load)")
 
 
 def run_args(args: argparse.Namespace, prog: list[str]) -> int:
@@ -128,11 +131,13 @@ def run_args(args: argparse.Namespace, prog: list[str]) -> int:
     for flag in ("profile", "report", "baseline", "project", "modes", "parity_with", "ab"):
         if getattr(args, flag):
             argv += [f"--{flag.replace('_', '-')}", getattr(args, flag)]
+    if args.no_doctor:
+        argv.append("--no-doctor")
     if args.stress is not None:
         argv += ["--stress"] + ([str(args.stress)] if args.stress >= 0 else [])
     res = run_regress(tier=args.tier, profile=args.profile, report=args.report, project=args.project,
                       baseline=args.baseline, argv=argv, stress=args.stress, modes=args.modes,
-                      parity_with=args.parity_with, ab=args.ab)
+                      parity_with=args.parity_with, ab=args.ab, doctor=not args.no_doctor)
     for name, status, summary, failures in res["tiers"]:
         print(f"tier {name}: {status}: {summary}", *[f"  - {f}" for f in failures[:20]], sep="\n")
     print(f"regress: {res['status']} (exit {res['exit_code']}); report: {res['report_dir']}/report.md")

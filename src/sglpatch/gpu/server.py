@@ -517,9 +517,9 @@ def select_modes(srv: dict, modes: str | None) -> list[dict]:
 
 
 def tier_server(prof: dict, project: Path, report_dir: Path, base_env: dict, modes: str | None = None,
-                parity_with: str | None = None, side_env: dict | None = None) -> TierResult:
+                parity_with: str | None = None, side_env: dict | None = None, doctor: bool = False) -> TierResult:
     """side_env: the env of one side of an A/B run (server_ab), over [server.env] and the
-    version rules, under each mode's env."""
+    version rules, under each mode's env. doctor: `sglpatch doctor` first; a failed check refuses the load."""
     tr = TierResult("server")
     srv = prof.get("server")
     if not srv:
@@ -538,6 +538,12 @@ def tier_server(prof: dict, project: Path, report_dir: Path, base_env: dict, mod
         raise usage_error(f"[server.benchmark] num_requests = {num_requests(bench)} needs as many distinct prompts "
                      f"(has {len(bench['prompts'])}); repeated prompts would hit the radix cache")
     python = expand(srv["python"] or sys.executable)
+    if doctor:
+        from sglpatch.gpu.doctor import gate_server
+
+        refused = gate_server(prof, python, project, report_dir, {**base_env, **srv.get("env", {})})
+        if refused is not None:
+            return refused
     prompts_file = report_dir / "bench-prompts.jsonl"
     digest = write_prompts(prompts_file, bench["prompts"])
     tr.data["prompts"] = {"file": prompts_file.name, "sha": digest, "count": len(bench["prompts"])}

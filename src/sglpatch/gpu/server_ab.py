@@ -60,7 +60,7 @@ def ratio(a, b) -> float | None:
 
 
 def tier_server_ab(prof: dict, project: Path, report_dir: Path, base_env: dict, ab: str,
-                   modes: str | None = None, parity_with: str | None = None) -> TierResult:
+                   modes: str | None = None, parity_with: str | None = None, doctor: bool = False) -> TierResult:
     if parity_with:
         raise usage_error("--ab and --parity-with do not go together: compare the two installs with --ab alone")
     pythons = parse_ab(ab)
@@ -81,7 +81,7 @@ def tier_server_ab(prof: dict, project: Path, report_dir: Path, base_env: dict, 
         say(f"regress: server tier, side {key}: {python}")
         side_prof = {**prof, "server": {**srv, "python": python}}
         t = tier_server(side_prof, project, side_dir, base_env, modes=modes,
-                        side_env=srv.get("ab", {}).get(key.lower(), {}).get("env") or {})
+                        side_env=srv.get("ab", {}).get(key.lower(), {}).get("env") or {}, doctor=doctor)
         label = f"{key}: {install_label(python, t.data.get('served_by', {}).get('sglang_version'))}"
         sides.append({"side": key, "label": label, "python": python, "dir": key, "tier": t})
     return combine(sides)
