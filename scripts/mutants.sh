@@ -4,6 +4,8 @@
 #
 #   scripts/mutants.sh [--line 0.5.23|0.5.9|all] [--out DIR]
 set -euo pipefail
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+if wants_help "$@"; then usage; exit 0; fi
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PY="${SGLPATCH_TEST_VENV:-$HERE/.venv}/bin/python"
 export PATH="$(dirname "$PY"):$PATH"
