@@ -63,7 +63,7 @@ def make_b_python(tmp_path: Path, python: Path) -> Path:
     wrapper.parent.mkdir(parents=True)
     wrapper.write_text(textwrap.dedent(f"""\
         #!/bin/sh
-        export STANDIN_SGLANG_VERSION=0.5.23 STANDIN_SPEED=2 STANDIN_ACCEPT_LENGTH=3
+        export STANDIN_SGLANG_VERSION=0.5.23 STANDIN_SPEED=3 STANDIN_ACCEPT_LENGTH=3
         export PYTHONPATH="{shim}${{PYTHONPATH:+:$PYTHONPATH}}"
         exec "{python}" "$@"
         """))
@@ -113,13 +113,13 @@ def test_ab_compares_two_installs_in_one_report(tmp_path, patched_python, tokeni
             assert r["ratio_b_over_a"][key] == pytest.approx(r["b"][key] / r["a"][key], rel=1e-3)
     tok = "single_stream_tok_s"
     assert rows["no_spec"]["a"][tok] == next(m for m in a["modes"] if m["mode"] == "no_spec")["benchmark"][tok]
-    assert rows["no_spec"]["ratio_b_over_a"][tok] > 1.3  # B decodes twice as fast
+    assert rows["no_spec"]["ratio_b_over_a"][tok] > 1.3  # B decodes three times as fast (a loaded box narrows it)
     assert rows["eagle3"]["a"]["accept_length"] == 2.0 and rows["eagle3"]["b"]["accept_length"] == 3.0
     assert rows["eagle3"]["ratio_b_over_a"]["accept_length"] == 1.5
     assert rows["no_spec"]["a"]["accept_length"] is None is rows["no_spec"]["b"]["accept_length"]
-    # P4's verify ms (median of the records' verify_ms_median): step 20 ms on A, 15 ms on B
+    # P4's verify ms (median of the records' verify_ms_median): step 20 ms on A, 10 ms on B
     va, vb = rows["eagle3"]["a"]["verify_ms_p4"], rows["eagle3"]["b"]["verify_ms_p4"]
-    assert 15 < va < 40 and 10 < vb < 35 and rows["eagle3"]["ratio_b_over_a"]["verify_ms_p4"] < 0.95
+    assert 15 < va < 40 and 7 < vb < 30 and rows["eagle3"]["ratio_b_over_a"]["verify_ms_p4"] < 0.95
     # which allreduce served, with the log line and the switch that chose it
     ea, eb = rows["eagle3"]["a"]["allreduce"], rows["eagle3"]["b"]["allreduce"]
     assert ea["backend"] == P2_NAME and "Custom allreduce on 1 PCIe-only GPUs for tensors up to" in ea["evidence"]
