@@ -229,7 +229,7 @@ def markdown(d: dict, labels: dict[str, str], confirm: dict[str, str]) -> list[s
           f"{base['spec_cycle_ms']} ms - {d['R']} x the same difference at the verify rows (baseline from the "
           f"{base['source']}). EAGLE-3 tok/s = 1000 x accept length / cycle. Ranked by EAGLE-3 tok/s at accept "
           f"length {d.get('rank_accept_length')}.", ""]
-    md += [f"- **{w}**" for w in d.get("warnings", [])]
+    md += [f"- **{w}**" for w in d.get("warnings", [])] + ([""] if d.get("warnings") else [])
     if not d["candidates"]:
         return md + ["No backend could be projected."] + _not_ranked(d, labels)
     md += ["| rank | backend | install | us decode / verify | allreduce ms per decode step / verify pass | "
