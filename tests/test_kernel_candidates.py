@@ -188,3 +188,26 @@ def test_launch_plan_and_usage_errors(tmp_path):
         kernel_launch.interpreters({}, f"{sys.executable},{sys.executable}")
     with pytest.raises(SglpatchError, match="belong to the kernel tier"):
         regress.run_regress("server", None, str(tmp_path / "r"), str(ROOT), python=sys.executable)
+
+
+def test_nccl_defaults_also_when_a_sitecustomize_sets_the_tuning(tmp_path):
+    """The user keeps their NCCL tuning in a sitecustomize.py: removing it from the launch's env is
+    not enough, the worker removes what the interpreter set again before NCCL starts."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text("import os\nos.environ['NCCL_PROTO'] = 'LL'\nos.environ['NCCL_ALGO'] = 'Ring'\n")
+    py = tmp_path / "venv-c" / "bin" / "python3"
+    py.parent.mkdir(parents=True)
+    py.write_text(f"#!/bin/sh\nPYTHONPATH={site}${{PYTHONPATH:+:$PYTHONPATH}} exec {sys.executable} \"$@\"\n")
+    py.chmod(0o755)
+    proj = project(tmp_path, 'backends = ["nccl"]\nrequired_backends = ["nccl"]\np2p_disabled_run = false\n',
+                   env='NCCL_PROTO = "LL"\nNCCL_ALGO = "Ring"', sizes="[1]")
+    res = regress.run_regress("kernel", "c", str(tmp_path / "r"), str(proj), python=str(py))
+    k = kernel_doc(tmp_path / "r")
+    assert res["exit_code"] == 0, k["failures"]
+    assert k["installs"][0]["default_env"] == {"removed": ["NCCL_ALGO", "NCCL_PROTO"],
+                                               "still_set_inside": {"NCCL_ALGO": "Ring", "NCCL_PROTO": "LL"}}
+    default = json.loads((tmp_path / "r" / "kernel-default_env.json").read_text())
+    assert not any(n.startswith("NCCL_") for n in default["hardware"]["env"])
+    assert {r["backend"] for r in k["results"]} == {"nccl", "nccl_default_env"}
+    assert "the interpreter set ['NCCL_ALGO', 'NCCL_PROTO'] again itself" in (tmp_path / "r" / "report.md").read_text()
