@@ -211,3 +211,23 @@ def test_nccl_defaults_also_when_a_sitecustomize_sets_the_tuning(tmp_path):
     assert not any(n.startswith("NCCL_") for n in default["hardware"]["env"])
     assert {r["backend"] for r in k["results"]} == {"nccl", "nccl_default_env"}
     assert "the interpreter set ['NCCL_ALGO', 'NCCL_PROTO'] again itself" in (tmp_path / "r" / "report.md").read_text()
+
+
+def test_pcie_ipc_in_the_stress_run(tmp_path):
+    """--stress with install B: every PCIe-IPC result compared with the reference allreduce; a
+    backend without a stress mode is listed, not an error."""
+    import subprocess
+
+    out = tmp_path / "kb.json"
+    cmd = [install_b(tmp_path), "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+           "-m", "sglpatch.gpu.kernel_bench", "--device", "cpu", "--hidden", "64", "--stress", "240",
+           "--stress-sizes", "1,3", "--stress-batch", "48", "--backends", "pcie_ipc,b12x_twoshot,flashinfer_fused",
+           "--out", str(out), "--scratch-dir", str(tmp_path)]
+    env = kernel_launch.worker_env(dict(os.environ, OMP_NUM_THREADS="1"))
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    doc = json.loads(out.read_text())
+    assert {(x["backend"], x["mode"], x["status"], x["iterations_done"]) for x in doc["stress"]} == \
+        {("pcie_ipc", "eager", "ok", 240), ("pcie_ipc", "graph", "ok", 240)}
+    assert doc["absent"]["b12x_twoshot"].startswith("PCIeTwoShotBF16 supports world size 4 only")
+    assert doc["absent"]["flashinfer_fused"].startswith("not in the stress run (fused with RMSNorm")

@@ -133,12 +133,14 @@ def run_launch(L: dict, env: dict, timeout_s: float, report_dir: Path, project: 
         doc = json.loads(out.read_text()) if out.exists() else None
         if doc is not None:
             merged = doc if merged is None else _merge_docs(merged, doc)
-        if doc is not None and doc.get("complete") and res["rc"] == 0 and not res["timed_out"]:
+        why = (f"ran past {timeout_s:.0f} s and was killed" if res["timed_out"] else f"exited {res['rc']}")
+        if doc is not None and doc.get("complete"):
+            if res["rc"] != 0 or res["timed_out"]:
+                fail(f"launch {L['name']} {why} after writing its result (log {log.name}): {tail(log, 1)}")
             break
         hang = None
         with contextlib.suppress(OSError):
             hang = next((m.group(0) for m in HANG_LINE.finditer(log.read_text(errors="replace"))), None)
-        why = (f"ran past {timeout_s:.0f} s and was killed" if res["timed_out"] else f"exited {res['rc']}")
         stuck = (doc or {}).get("in_progress")
         if stuck is None:
             fail(f"launch {L['name']} {why} without a result (log {log.name}): {hang or tail(log, 1)}")

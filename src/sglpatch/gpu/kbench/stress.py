@@ -235,6 +235,9 @@ def run_stress(ctx, wanted: list[str], modes: list[str], log) -> dict:
             absent[label] = ("the reference, not stressed" if cls is NcclBackend else
                              "not in the stress run (fused with RMSNorm; checked in the latency run)")
             continue
+        if cls.stress_op is Backend.stress_op:
+            absent[label] = "has no stress mode (checked in the latency run)"
+            continue
         wd.beat(f"stress {label}: backend set-up")
         state, msg, backend = "ok", "", None
         try:
