@@ -11,9 +11,9 @@ still checked exactly against the sum of the inputs, i.e. NCCL's result):
   `all_reduce_fused_add_rms_norm`: at most 36 rows), SM120/SM121 only
 - `b12x_twoshot`: `experimental.b12x.comm.pcie.PCIeTwoShotBF16.all_reduce` (world size 4 only)
 
-The b12x plans are declared per shape (`pcie.plan(pcie.query_from_runtime(...))`) and take
-flashinfer's default configuration on their first eager use (b12x's lazy `require_prepared`);
-the measurement warms every shape up eagerly before any CUDA-graph capture.
+The b12x plans are declared per shape (`pcie.plan(pcie.query_from_runtime(...))`) and prepared
+with flashinfer's default configuration (`b12x.preparation.prepare_default`, no autotune) on their
+first eager use; the measurement warms every shape up eagerly before any CUDA-graph capture.
 """
 
 from __future__ import annotations
@@ -170,6 +170,7 @@ class _B12xOneshot(Backend):
     def __init__(self, torch, dist, ctx):
         super().__init__(torch, dist, ctx)
         self.pcie = b12x_pcie(ctx)
+        self.prep = import_first(["b12x.preparation"])
         self.max_bytes = int(ctx.args.b12x_max_bytes)
         # stream_affine=False: the bench runs one op at a time, eager on the current stream and the
         # graph's warm-up on a side stream, synchronized in between
@@ -179,11 +180,30 @@ class _B12xOneshot(Backend):
         self.plans: dict[tuple, object] = {}
 
     def plan(self, x):
+        """The shape's plan, prepared on first (eager, never captured) use on every rank: its
+        prepare call binds the shape, which installs its graph plan in the native runtime (what
+        flashinfer's `_oneshot_preparation._prepare_plain_call` does; b12x's lazy default
+        preparation does not, and a plain all_reduce then finds no graph resources), and the
+        session primes it with one call."""
         key = tuple(x.shape)
         if key not in self.plans:
             q = self.pcie.query_from_runtime(self.rt, surface=self.surface, call={"inp": x})
-            self.plans[key] = self.pcie.plan(q, runtime=self.rt)
+            p = self.pcie.plan(q, runtime=self.rt)
+            probe = self.torch.zeros_like(x)
+            prime = self.primer(probe)
+
+            def prepare_call(state):
+                state.bind_input(probe)
+                return self.prep.PreparedCall(run=lambda: prime(state))
+
+            self.prep.prepare_default(p.request(name=f"sglpatch.kbench.{self.name}.{'x'.join(map(str, key))}",
+                                                prepare_call=prepare_call))
+            self.plans[key] = p
         return self.plans[key]
+
+    def primer(self, probe):
+        out = self.torch.empty_like(probe)
+        return lambda state: state.run_plain(probe, out)
 
     def supports(self, rows):
         x = self.torch.empty((rows, self.ctx.hidden), dtype=self.torch.bfloat16, device=self.ctx.device)
@@ -219,6 +239,12 @@ class B12xFusedBackend(_B12xOneshot, FusedBackend):
         if rows > 36:
             return "the fused add-RMSNorm kernel takes at most 36 rows"
         return super().supports(rows)
+
+    def primer(self, probe):
+        t = self.torch
+        res, res_out, out = t.zeros_like(probe), t.empty_like(probe), t.empty_like(probe)
+        weight = t.ones(probe.shape[-1], dtype=probe.dtype, device=probe.device)
+        return lambda state: state.run_fused(probe, res, weight, out, res_out, RMS_EPS)
 
     def op(self, k):
         x = self.pristine[k]
