@@ -81,7 +81,8 @@ DECISION = """
 
 def test_two_installs_one_report(tmp_path):
     b = install_b(tmp_path)
-    proj = project(tmp_path, 'backends = ["nccl", "nccl_add_rmsnorm", "pcie_ipc", "b12x_oneshot", "mscclpp"]\n'
+    proj = project(tmp_path, 'backends = ["nccl", "nccl_add_rmsnorm", "pcie_ipc", "b12x_oneshot", "b12x_fused", '
+                   '"b12x_twoshot", "mscclpp"]\n'
                    'required_backends = ["nccl"]\n' + DECISION, env='NCCL_PROTO = "LL"\nNCCL_ALGO = "Ring"')
     srv = tmp_path / "srv"
     srv.mkdir()
@@ -104,13 +105,15 @@ def test_two_installs_one_report(tmp_path):
     assert "pcie_ipc" not in b_inst["absent"] and "nccl_add_rmsnorm" not in b_inst["absent"]
     for inst in (a_inst, b_inst):
         assert inst["absent"]["mscclpp"] == "MSCCL++ needs CUDA devices"
-        assert "b12x" in inst["absent"]["b12x_oneshot"]
+    assert "No module named 'b12x'" in a_inst["absent"]["b12x_oneshot"]
+    assert b_inst["absent"]["b12x_twoshot"].startswith("PCIeTwoShotBF16 supports world size 4 only")
     assert b_inst["label"] == f"B: torch {b_inst['hardware']['versions']['torch']} ({tmp_path / 'venv-b'})"
     # the merge: every row labelled with its install; B measured PCIe-IPC, declined past its workspace
     got = {(r["backend"], r["install"], r["mode"], r["rows"]): r["status"] for r in k["results"]}
     for mode in ("eager", "graph"):
         for n in (1, 3):
-            assert got[("pcie_ipc", "B", mode, n)] == "ok" and got[("nccl_add_rmsnorm", "B", mode, n)] == "ok"
+            for b_ in ("pcie_ipc", "nccl_add_rmsnorm", "b12x_oneshot", "b12x_fused"):
+                assert got[(b_, "B", mode, n)] == "ok", b_
             assert got[("nccl", "A", mode, n)] == got[("nccl", "B", mode, n)] == "ok"
             assert got[("nccl_p2p_off", "A", mode, n)] == got[("nccl_default_env", "A", mode, n)] == "ok"
         assert got[("pcie_ipc", "B", mode, 8)] == "declined"
@@ -129,7 +132,10 @@ def test_two_installs_one_report(tmp_path):
     assert d["baseline"]["decode_step_ms"] == 5000.0 and d["baseline"]["spec_cycle_ms"] == 10000.0
     assert d["served"] == "nccl [A]" and 2.05 in d["accept_lengths"]
     ranked = {(c["backend"], c["install"]) for c in d["candidates"]}
-    assert {("nccl", "A"), ("nccl", "B"), ("pcie_ipc", "B"), ("nccl_p2p_off", "A")} <= ranked
+    assert {("nccl", "A"), ("nccl", "B"), ("pcie_ipc", "B"), ("b12x_oneshot", "B"), ("b12x_fused", "B"),
+            ("nccl_p2p_off", "A")} <= ranked
+    fused = next(c for c in d["candidates"] if c["backend"] == "b12x_fused")
+    assert fused["fused"] and "less the separate add-RMSNorm" in fused["t_decode_how"]
     md = (tmp_path / "r" / "report.md").read_text()
     assert "**Class: `two-sockets-no-switch`**" in md and "GPU4 1" in md and "**not OK: 2->5, 5->2**" in md
     assert " pcie_ipc [B] |" in md and "| **pcie_ipc** | B |" in md and "a PROJECTION" in md
