@@ -77,13 +77,13 @@ def build_arg_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="kernel_bench", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--sizes", type=parse_sizes, default=DEFAULT_SIZES, help="rows, comma separated")
-    p.add_argument("--hidden", type=int, default=DEFAULT_HIDDEN)
+    p.add_argument("--hidden", type=int, default=DEFAULT_HIDDEN, help="columns of every tensor (bf16)")
     p.add_argument("--backends", default=",".join(ALL_BACKENDS), help="comma separated backend names")
-    p.add_argument("--modes", default="eager,graph")
+    p.add_argument("--modes", default="eager,graph", help="eager and/or graph (CUDA-graph captured)")
     p.add_argument("--name-suffix", default="", help="appended to backend names, e.g. _p2p_off")
-    p.add_argument("--samples", type=int, default=40)
-    p.add_argument("--inner", type=int, default=10)
-    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--samples", type=int, default=40, help="timed samples per size and mode")
+    p.add_argument("--inner", type=int, default=10, help="ops back to back in one sample")
+    p.add_argument("--warmup", type=int, default=5, help="untimed samples first")
     p.add_argument("--out", required=True, help="JSON result (written by rank 0)")
     p.add_argument("--scratch-dir", help="where backends may write (flashinfer's tuning); default: --out's folder")
     p.add_argument("--unset-env", default="", metavar="A,B",
