@@ -342,14 +342,17 @@ def summary(tr: TierResult, installs: list[dict], rows: list[dict], ws: int, hw:
         out = f"cpu test mode, {ws} ranks (gloo), no latency launches; {len(tr.failures)} failures"
     else:
         ok = sum(1 for r in rows if r["status"] == "ok")
-        absent = sorted({b for inst in installs for b in inst["absent"]})
+        absent = sorted(set.intersection(*(set(inst["absent"]) for inst in installs))) if installs else []
         out = (f"{ok} measurements ok on {ws}x {hw.get('gpu_name', '?')} from {len(installs)} install(s); "
-               f"{len(tr.failures)} failures; absent: {', '.join(absent) or 'none'}")
-        best = ((tr.data.get("decision") or {}).get("candidates") or [None])[0]
+               f"{len(tr.failures)} failures; absent{' from every install' if len(installs) > 1 else ''}: "
+               f"{', '.join(absent) or 'none'}")
+        d = tr.data.get("decision") or {}
+        best = (d.get("candidates") or [None])[0]
         if best:
-            a = f"{tr.data['decision']['rank_accept_length']:g}"
+            a = f"{d['rank_accept_length']:g}"
             out += (f"; projected winner {best['backend']} [{best['install']}]: {best['tok_s_no_spec']} tok/s "
-                    f"no spec, EAGLE-3 {best['tok_s_eagle3'].get(a)} tok/s at accept {a} (a projection)")
+                    f"no spec, EAGLE-3 {best['tok_s_eagle3'].get(a)} tok/s at accept {a} (a projection"
+                    + ("; it does not hold here, see the warnings)" if d.get("warnings") else ")"))
     if stress:
         srows = tr.data["stress"].get("stress") or []
         out += (f"; stress {stress} x {len(srows)} backend/mode: "
