@@ -237,3 +237,25 @@ def test_pcie_ipc_in_the_stress_run(tmp_path):
         {("pcie_ipc", "eager", "ok", 240), ("pcie_ipc", "graph", "ok", 240)}
     assert doc["absent"]["b12x_twoshot"].startswith("PCIeTwoShotBF16 supports world size 4 only")
     assert doc["absent"]["flashinfer_fused"].startswith("not in the stress run (fused with RMSNorm")
+
+
+def test_two_real_venvs(tmp_path):
+    """Discovery with a second real venv: the 0.5.23 test venv that scripts/test.sh builds (real
+    flashinfer-python 0.7.2, installed --no-deps on a CPU box), next to this one."""
+    venv = os.environ.get("SGLPATCH_TEST_VENV_0523", "")
+    py = Path(venv) / "bin" / "python"
+    if not venv or not py.is_file():
+        pytest.skip("no 0.5.23 test venv ($SGLPATCH_TEST_VENV_0523; scripts/test.sh builds it)")
+    proj = project(tmp_path, 'backends = ["nccl", "pcie_ipc", "b12x_oneshot"]\nrequired_backends = ["nccl"]\n'
+                   'p2p_disabled_run = false\n', sizes="[1]")
+    res = regress.run_regress("kernel", "c", str(tmp_path / "r"), str(proj), python=f"{sys.executable},{py}")
+    k = kernel_doc(tmp_path / "r")
+    assert res["exit_code"] == 0, k["failures"]
+    a, b = k["installs"]
+    assert b["hardware"]["versions"]["flashinfer-python"] == "0.7.2" and "flashinfer-python" not in a["hardware"]["versions"]
+    assert a["absent"]["pcie_ipc"].startswith("flashinfer.comm: ModuleNotFoundError")
+    # the real 0.7.2 on a CPU box: flashinfer.comm lacks a dependency or the workspace finds no GPU;
+    # either way a reason, never a crash
+    assert b["absent"].get("pcie_ipc") or b["errors"].get("pcie_ipc")
+    assert b["absent"]["b12x_oneshot"]
+    assert {(r["backend"], r["install"]) for r in k["results"] if r["status"] == "ok"} == {("nccl", "A"), ("nccl", "B")}
