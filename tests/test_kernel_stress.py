@@ -86,7 +86,7 @@ def test_fault_and_value_bound():
     assert kb.parse_fault("12:1:70", 1000, 8) == {"iteration": 12, "rank": 1, "element": 70}
     assert kb.value_bound(2) == 8 and kb.value_bound(8) == 8 and kb.value_bound(64) == 4
     with pytest.raises(SystemExit):
-        kb.main(["--device", "cpu", "--out", "x.json"])  # cpu mode is stress only
+        kb.main(["--device", "cpu", "--out", "x.json", "--samples", "0"])
 
 
 def test_stress_launch_from_profile(tmp_path):

@@ -41,7 +41,9 @@ def _project(tmp_path: Path, backends: list[str], p2p: bool, required: list[str]
 
 
 def test_every_present_backend_is_measured_and_correct(tmp_path):
-    proj = _project(tmp_path, ["nccl", "symm_mem", "custom_ar", "flashinfer_fused"], True, ["nccl", "nccl_p2p_off"])
+    from sglpatch.gpu.kernel_bench import ALL_BACKENDS
+
+    proj = _project(tmp_path, ALL_BACKENDS, True, ["nccl", "nccl_p2p_off"])
     res = regress.run_regress("kernel", "g", str(tmp_path / "r"), str(proj))
     k = json.loads((tmp_path / "r" / "report.json").read_text())["tiers"]["kernel"]
     assert res["exit_code"] == 0, k["failures"]
@@ -55,7 +57,7 @@ def test_every_present_backend_is_measured_and_correct(tmp_path):
     for r in k["results"]:
         assert r["status"] in ("ok", "declined"), r
     # every backend is either measured or listed absent with a reason
-    for b in ("symm_mem", "custom_ar", "flashinfer_fused"):
+    for b in ALL_BACKENDS:
         assert any(r["backend"] == b for r in k["results"]) or k["absent"].get(b) or k["errors"].get(b)
     assert (tmp_path / "r" / "report.md").read_text().count("Measured on:") == 1
 

@@ -1,23 +1,24 @@
-"""Tier kernel: allreduce latency per backend (kernel_bench.py under torchrun), the crossover
-with NCCL, a comparison with an earlier report, and --stress (every result compared exactly
-with NCCL)."""
+"""Tier kernel: allreduce latency per backend and install (kernel_bench under torchrun, in each
+interpreter of --python A[,B]), the topology, the crossover with NCCL, the decision table (which
+allreduce, and what EAGLE-3 would give: gpu/decision.py), a comparison with an earlier report,
+and --stress (every result compared exactly with NCCL)."""
 
 from __future__ import annotations
 
 import contextlib
 import json
-import re
-import shlex
 import subprocess
-import sys
 import time
 from pathlib import Path
 
-from sglpatch.gpu.procs import ManagedProcess, run_step, tail
-from sglpatch.gpu.profiles import expand, usage_error
+from sglpatch.gpu import decision, kernel_launch, topology
+from sglpatch.gpu.kernel_launch import HANG_LINE, worker_env
+from sglpatch.gpu.kernel_md import hardware_line, kernel_markdown, stress_markdown  # noqa: F401 — re-exported
+from sglpatch.gpu.procs import ManagedProcess, tail
+from sglpatch.gpu.profiles import usage_error
 from sglpatch.gpu.report import TierResult
 
-KERNEL_BENCH = Path(__file__).with_name("kernel_bench.py")
+KERNEL_BENCH = Path(__file__).with_name("kernel_bench.py")  # the worker, run as -m sglpatch.gpu.kernel_bench
 
 
 def count_gpus(python: str, env: dict) -> tuple[int, str]:
@@ -41,29 +42,12 @@ def count_gpus(python: str, env: dict) -> tuple[int, str]:
         return 0, f"no nvidia-smi and no torch ({e})"
 
 
-def kernel_launches(prof: dict, world_size: int, report_dir: Path, python: str) -> list[dict]:
-    k = prof["kernel"]
-    common = ["--sizes", ",".join(map(str, k["sizes"])), "--hidden", str(k["hidden"]),
-              "--samples", str(k["samples"]), "--inner", str(k["inner"])]
-    torchrun = [python, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(world_size)]
-    launches = [{"name": "main", "env": {}, "out": report_dir / "kernel-main.json",
-                 "cmd": torchrun + [str(KERNEL_BENCH), *common, "--backends", ",".join(k["backends"]),
-                                    "--out", str(report_dir / "kernel-main.json")]}]
-    if k.get("p2p_disabled_run", True) and "nccl" in k["backends"]:
-        launches.append({"name": "p2p_off", "env": {"NCCL_P2P_DISABLE": "1"},
-                         "out": report_dir / "kernel-p2p_off.json",
-                         "cmd": torchrun + [str(KERNEL_BENCH), *common, "--backends", "nccl",
-                                            "--name-suffix", "_p2p_off",
-                                            "--out", str(report_dir / "kernel-p2p_off.json")]})
-    return launches
-
-
 def stress_launch(prof: dict, world_size: int, report_dir: Path, python: str, iterations: int) -> dict:
     """The --stress launch: kernel_bench --stress N over the profile's stress backends."""
     k = prof["kernel"]
     out = report_dir / "kernel-stress.json"
     cmd = [python, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(world_size),
-           str(KERNEL_BENCH), "--stress", str(iterations), "--stress-sizes", ",".join(map(str, k["stress_sizes"])),
+           "-m", "sglpatch.gpu.kernel_bench", "--stress", str(iterations), "--stress-sizes", ",".join(map(str, k["stress_sizes"])),
            "--hidden", str(k["hidden"]), "--backends", ",".join(k["stress_backends"]),
            "--modes", ",".join(k["stress_modes"]), "--stress-step-timeout", str(k["stress_step_timeout_s"]),
            "--out", str(out)]
@@ -74,9 +58,6 @@ def stress_launch(prof: dict, world_size: int, report_dir: Path, python: str, it
     total = float(k["stress_timeout_s"] or 900 + iterations * legs * 0.002)
     return {"name": "stress", "env": {}, "out": out, "cmd": cmd, "timeout_s": total,
             "stall_s": float(k["stress_step_timeout_s"]) + 60.0}
-
-
-HANG_LINE = re.compile(r"\[kernel_bench\] HANG .*")
 
 
 def run_watched_step(cmd: list[str], env: dict, log_path: Path, timeout_s: float, stall_s: float,
@@ -139,7 +120,7 @@ def run_stress_step(prof: dict, ws: int, report_dir: Path, python: str, env: dic
     L = stress_launch(prof, ws, report_dir, python, iterations)
     with contextlib.suppress(FileNotFoundError):
         L["out"].unlink()
-    lenv = dict(env, PYTHONUNBUFFERED="1")
+    lenv = worker_env(env)
     res = run_watched_step(L["cmd"], lenv, report_dir / "kernel-stress.log", L["timeout_s"], L["stall_s"],
                            cwd=str(project))
     res["env_added"] = {}
@@ -218,88 +199,125 @@ def compare_kernel_baseline(rows: list[dict], base_doc: dict, hw: dict, tol: flo
     return out
 
 
-def tier_kernel(prof: dict, project: Path, report_dir: Path, base_env: dict,
-                baseline: Path | None = None, stress: int | None = None) -> TierResult:
-    """Latency + correctness launches; with `stress` (iterations, -1 = the profile's
-    stress_iterations) also the stress launch.  `[kernel] device = "cpu"` (tests only) runs
-    just the stress launch on CPU under gloo."""
+def topology_block(k: dict) -> dict:
+    """The topology section of the report (gpu/topology.py): class, NUMA per GPU, P2P, raw texts."""
+    topo, raw = topology.read(k.get("nvidia_smi") or "nvidia-smi")
+    return topology.report(topo, raw)
+
+
+def world_size(k: dict, python: str, env: dict, tr: TierResult) -> int | None:
+    if k.get("device") == "cpu":
+        return int(k["world_size"] or 2)
+    ngpu, how = count_gpus(python, env)
+    ws = int(k["world_size"] or ngpu)
+    if ngpu < 2 or ws < 2:
+        tr.status, tr.summary = "cannot_run", f"needs >= 2 CUDA GPUs, found {ngpu} ({how})"
+        return None
+    if ws > ngpu:
+        tr.status, tr.summary = "cannot_run", f"profile wants world size {ws}, only {ngpu} GPUs visible"
+        return None
+    return ws
+
+
+def run_install(prof: dict, ws: int, report_dir: Path, project: Path, env: dict, interp: dict, first: bool,
+                quick: bool, tr: TierResult) -> tuple[dict, list[dict]]:
+    """Every launch of one interpreter: (its install record, its rows labelled with its key)."""
+    k = prof["kernel"]
+    inst = {"key": interp["key"], "python": interp["python"], "hardware": None, "absent": {}, "errors": {},
+            "hung": [], "launches": []}
+    rows: list[dict] = []
+    for L in kernel_launch.kernel_launches(prof, ws, report_dir, interp, first, quick):
+        r = kernel_launch.run_launch(L, env, float(k["timeout_s"]), report_dir, project, tr.fail)
+        inst["launches"] += r["attempts"]
+        doc = r["doc"]
+        if doc is None:
+            continue
+        if inst["hardware"] is None or L["name"].startswith("main"):
+            inst["hardware"] = doc.get("hardware") or inst["hardware"]
+        if L["unset"]:
+            inst["default_env"] = {"removed": L["unset"], "still_set_inside": doc.get("env_unset") or {}}
+        for row in doc.get("results", []):
+            rows.append({**row, "install": interp["key"]})
+        inst["absent"].update(doc.get("absent", {}))
+        inst["errors"].update(doc.get("errors", {}))
+        inst["hung"] += doc.get("hung", [])
+    inst["label"] = kernel_launch.install_label(interp["key"], interp["python"], inst["hardware"])
+    return inst, rows
+
+
+NCCL_LABELS = ("nccl", "nccl_p2p_off", "nccl_default_env")
+
+
+def judge(tr: TierResult, k: dict, installs: list[dict], rows: list[dict], cpu_test: bool) -> None:
+    """Failures: a wrong result or an error row anywhere; a required backend (first install) that
+    did not run, errored or hung; NCCL failing to set up.  Another backend that errors or hangs
+    in its set-up is reported, not a failure (an optional candidate, e.g. symm_mem without P2P
+    atomics)."""
+    required = set(k.get("required_backends", []))
+    for inst in installs:
+        tag = "" if len(installs) == 1 else f" [{inst['label']}]"
+        for b, msg in inst["errors"].items():
+            if b in NCCL_LABELS or (b in required and inst is installs[0]):
+                tr.fail(f"backend {b}{tag} " + ("HUNG" if b in inst["hung"] else "failed to set up") + f": {msg}")
+    present = {r["backend"] for r in rows if r["install"] == installs[0]["key"]}
+    for b in ([] if cpu_test else sorted(required)):
+        if b not in present and b not in installs[0]["errors"]:
+            tr.fail(f"required backend {b} did not run: {installs[0]['absent'].get(b, 'no result')}")
+    for r in rows:
+        tag = "" if len(installs) == 1 else f" [{r['install']}]"
+        if r["status"] == "wrong":
+            tr.fail(f"WRONG RESULT {r['backend']}{tag} {r['mode']} [{r['rows']},{r['hidden']}]: {r.get('detail')}")
+        elif r["status"] == "error":
+            tr.fail(f"{r['backend']}{tag} {r['mode']} [{r['rows']},{r['hidden']}] raised: {r.get('detail')}")
+
+
+def tier_kernel(prof: dict, project: Path, report_dir: Path, base_env: dict, baseline: Path | None = None,
+                stress: int | None = None, python: str | None = None, quick: bool = False,
+                with_profile: str | None = None) -> TierResult:
+    """Latency + correctness launches in each interpreter (`python`: "A[,B]", default [kernel]
+    python); with `stress` (iterations, -1 = the profile's stress_iterations) also the stress
+    launch (first interpreter).  `[kernel] device = "cpu"` (tests) runs under gloo on CPU: the
+    latency launches, or with --stress only the stress launch."""
     tr = TierResult("kernel")
     k = prof["kernel"]
-    python = expand(k["python"] or sys.executable)
+    interps = kernel_launch.interpreters(k, python)
+    cfg = decision.config(prof)
+    spec_base = decision.baseline_from_report(with_profile) if with_profile else None
+    if with_profile and cfg is None:
+        raise usage_error("--with-profile needs a [kernel.decision] table in the profile (layers, step, cycle)")
     env = dict(base_env)
     env.update({kk: str(v) for kk, v in k.get("env", {}).items()})
     if stress is not None and stress < 0:
         stress = int(k["stress_iterations"])
     cpu_test = k.get("device") == "cpu"
-    if cpu_test:
-        if not stress:
-            raise usage_error('[kernel] device = "cpu" runs only the stress launch: give --stress')
-        ngpu, ws = 0, int(k["world_size"] or 2)
-    else:
-        ngpu, how = count_gpus(python, env)
-        ws = int(k["world_size"] or ngpu)
-        if ngpu < 2 or ws < 2:
-            tr.status = "cannot_run"
-            tr.summary = f"needs >= 2 CUDA GPUs, found {ngpu} ({how})"
-            return tr
-        if ws > ngpu:
-            tr.status = "cannot_run"
-            tr.summary = f"profile wants world size {ws}, only {ngpu} GPUs visible"
-            return tr
-    merged: list[dict] = []
-    absent: dict[str, str] = {}
-    errors: dict[str, str] = {}
-    hw: dict = {}
-    launches_out = []
-    for L in ([] if cpu_test else kernel_launches(prof, ws, report_dir, python)):
-        lenv = dict(env)
-        lenv.update(L["env"])
-        lenv.setdefault("PYTHONUNBUFFERED", "1")
-        with contextlib.suppress(FileNotFoundError):
-            L["out"].unlink()
-        res = run_step(L["cmd"], lenv, report_dir / f"kernel-{L['name']}.log", k["timeout_s"], cwd=str(project))
-        res["env_added"] = L["env"]
-        launches_out.append(res)
-        if res["timed_out"]:
-            tr.fail(f"launch {L['name']} hung past {k['timeout_s']} s and was killed "
-                    f"(log kernel-{L['name']}.log): {tail(Path(res['log']), 1)}")
-            continue
-        if res["survivors"]:
-            tr.fail(f"launch {L['name']}: processes {res['survivors']} survived the stop")
-        if res["rc"] != 0 or not L["out"].exists():
-            tr.fail(f"launch {L['name']} exited {res['rc']} without a result (log kernel-{L['name']}.log): "
-                    f"{tail(Path(res['log']), 1)}")
-            continue
-        doc = json.loads(L["out"].read_text())
-        if L["name"] == "main" or not hw:
-            hw = doc.get("hardware") or {}
-        merged += doc["results"]
-        absent.update(doc.get("absent", {}))
-        errors.update(doc.get("errors", {}))
-    tr.data.update({"hardware": hw, "results": merged, "absent": absent, "errors": errors,
-                    "launches": launches_out, "hidden": k["hidden"], "sizes": k["sizes"],
-                    "world_size": ws, "latency_run": not cpu_test})
-    required = set(k.get("required_backends", []))
-    for b, msg in errors.items():
-        if b in required or b.split("_p2p_off")[0] in ("nccl", "symm_mem", "custom_ar"):
-            tr.fail(f"backend {b} failed to set up: {msg}")
-    for b in ([] if cpu_test else required):
-        present = {r["backend"] for r in merged}
-        if b not in present and b not in errors:
-            tr.fail(f"required backend {b} did not run: {absent.get(b, 'no result')}")
-    for r in merged:
-        if r["status"] == "wrong":
-            tr.fail(f"WRONG RESULT {r['backend']} {r['mode']} [{r['rows']},{r['hidden']}]: {r.get('detail')}")
-        elif r["status"] == "error":
-            tr.fail(f"{r['backend']} {r['mode']} [{r['rows']},{r['hidden']}] raised: {r.get('detail')}")
+    ws = world_size(k, interps[0]["python"], env, tr)
+    if ws is None:
+        return tr
+    latency = not (cpu_test and stress)
+    tr.data.update({"topology": topology_block(k), "hidden": k["hidden"], "world_size": ws, "latency_run": latency,
+                    "quick": quick, "sizes": kernel_launch.quick_sizes(prof) if quick else k["sizes"]})
+    installs, rows = [], []
+    for i, interp in enumerate(interps if latency else []):
+        inst, got = run_install(prof, ws, report_dir, project, env, interp, i == 0, quick, tr)
+        installs.append(inst)
+        rows += got
+    first = installs[0] if installs else {"hardware": {}, "absent": {}, "errors": {}, "key": "A"}
+    hw = first.get("hardware") or {}
+    tr.data.update({"hardware": hw, "results": rows, "absent": first["absent"], "errors": first["errors"],
+                    "installs": installs, "launches": [L for inst in installs for L in inst["launches"]]})
+    if installs:
+        judge(tr, k, installs, rows, cpu_test)
     if stress:
-        tr.data["stress"] = run_stress_step(prof, ws, report_dir, python, env, project, stress, tr)
+        tr.data["stress"] = run_stress_step(prof, ws, report_dir, interps[0]["python"], env, project, stress, tr)
         hw = hw or tr.data["stress"].get("hardware") or {}
         tr.data["hardware"] = hw
-    tr.data["crossover"] = {m: find_crossover(merged, m, k["hidden"]) for m in ("graph", "eager")}
+    first_rows = [r for r in rows if r["install"] == first["key"]]
+    tr.data["crossover"] = {m: find_crossover(first_rows, m, k["hidden"]) for m in ("graph", "eager")}
+    if cfg and rows:
+        tr.data["decision"] = decision.project(rows, cfg, spec_base)
     base_path = baseline or (project / k["baseline"] if k.get("baseline") else None)
     if base_path and Path(base_path).is_file():
-        cmp = compare_kernel_baseline(merged, json.loads(Path(base_path).read_text()), hw,
+        cmp = compare_kernel_baseline(first_rows, json.loads(Path(base_path).read_text()), hw,
                                       k["tolerance"], k["abs_floor_us"])
         cmp["path"] = str(base_path)
         tr.data["baseline"] = cmp
@@ -309,128 +327,34 @@ def tier_kernel(prof: dict, project: Path, report_dir: Path, base_env: dict,
         tr.data["baseline"] = {"path": str(base_path), "note": "baseline file not found; nothing compared"}
     from sglpatch.gpu.plot import plot_kernel
 
-    note = plot_kernel(tr.data, str(report_dir / "kernel.png")) if merged else "plot skipped: no results"
+    note = plot_kernel(tr.data, str(report_dir / "kernel.png")) if rows else "plot skipped: no results"
     tr.data["plot"] = "kernel.png" if note is None else None
     tr.data["plot_note"] = note
     if tr.status != "fail":
         tr.status = "pass"
-    ok = sum(1 for r in merged if r["status"] == "ok")
-    tr.summary = (f"{ok} measurements ok on {ws}x {hw.get('gpu_name', '?')}; "
-                  f"{len(tr.failures)} failures; absent: {', '.join(sorted(absent)) or 'none'}")
-    if cpu_test:
-        tr.summary = f"cpu test mode, {ws} ranks (gloo), no latency launches; {len(tr.failures)} failures"
-    if stress:
-        rows = tr.data["stress"].get("stress") or []
-        tr.summary += (f"; stress {stress} x {len(rows)} backend/mode: "
-                       + (", ".join(f"{r['backend']} {r['mode']} {r.get('status')}" for r in rows) or "none ran"))
+    tr.summary = summary(tr, installs, rows, ws, hw, stress)
     tr.md = kernel_markdown(tr.data, prof)
     return tr
 
 
-def hardware_line(hw: dict) -> str:
-    return (f"{hw.get('world_size', '?')}x {hw.get('gpu_name', '?')} (sm {hw.get('compute_capability', '?')}), "
-            f"NVLink: {({True: 'yes', False: 'no', None: 'unknown'})[hw.get('nvlink')]}, "
-            f"torch {hw.get('torch', '?')}, CUDA {hw.get('cuda_runtime', '?')}, NCCL {hw.get('nccl', '?')}, "
-            f"driver {hw.get('driver', '?')}")
-
-
-def kernel_markdown(d: dict, prof: dict) -> list[str]:
-    hw = d.get("hardware") or {}
-    md = [f"**Measured on: {hardware_line(hw)}.**", ""]
-    tgt = prof.get("target", {})
-    if tgt.get("gpu_name") and hw.get("gpu_name") and tgt["gpu_name"] != hw.get("gpu_name"):
-        md += [f"> These numbers are from {hw.get('gpu_name')}, not from the profile's target "
-               f"({tgt['gpu_name']}); do not read them as target numbers.", ""]
-    if d.get("latency_run") is False:
-        md += ['Latency launches not run (`[kernel] device = "cpu"`: the stress test mode on CPU, gloo).', ""]
-        if d.get("stress"):
-            md += stress_markdown(d["stress"])
-        return md
-    env = {k: v for k, v in (hw.get("env") or {}).items() if k.startswith("NCCL_")}
-    md += [f"NCCL env of the main launch: `{env or '{}'}`; the `_p2p_off` rows add `NCCL_P2P_DISABLE=1` "
-           f"(separate launch).", "",
-           f"Latency per allreduce, median / p90 in us (one sample = {prof['kernel']['inner']} ops back to back; "
-           "a sample's time is the last-arriving rank's, i.e. the least over the ranks: that rank waited for "
-           "nobody at the collective; every output checked against an exact integer reference).", ""]
-    backends = []
-    for r in d.get("results", []):
-        if r["backend"] not in backends:
-            backends.append(r["backend"])
-    for mode in ("graph", "eager"):
-        md += [f"### {mode} ({'CUDA-graph captured, as in decode' if mode == 'graph' else 'eager'})", "",
-               "| rows x hidden | KiB | " + " | ".join(backends) + " |",
-               "|---|---|" + "---|" * len(backends)]
-        for n in d.get("sizes", []):
-            cells = []
-            for b in backends:
-                r = next((x for x in d["results"] if x["backend"] == b and x["mode"] == mode and x["rows"] == n), None)
-                if r is None:
-                    cells.append("—")
-                elif r["status"] == "ok":
-                    cells.append(f"{r['median_us']:.1f} / {r['p90_us']:.1f}")
-                else:
-                    cells.append(f"**{r['status'].upper()}**")
-            md.append(f"| {n} x {d.get('hidden')} | {n * d.get('hidden', 0) * 2 / 1024:.0f} | " + " | ".join(cells) + " |")
-        md.append("")
-    md += ["### Crossover (recommendation for `SGLANG_PCIE_CUSTOM_AR_MAX_BYTES`)", ""]
-    for mode, c in (d.get("crossover") or {}).items():
-        if not c:
-            md.append(f"- {mode}: no custom/one-shot backend measured next to NCCL")
-            continue
-        who = c["custom"] + (" (torch symm-mem one-shot as a stand-in for SGLang's custom allreduce)" if c["stand_in"] else "")
-        if c["wins_at_all_sizes"]:
-            md.append(f"- {mode}: {who} beats NCCL at every measured size; cap >= the largest size measured")
-        elif c["wins_up_to_rows"] == 0:
-            md.append(f"- {mode}: {who} never beats NCCL (already slower at [{c['first_loss_rows']},{d.get('hidden')}]); "
-                      "recommendation: keep it off")
-        else:
-            md.append(f"- {mode}: {who} beats NCCL up to [{c['wins_up_to_rows']},{d.get('hidden')}], "
-                      f"loses from [{c['first_loss_rows']},{d.get('hidden')}]: "
-                      f"recommended cap {c['recommended_max_bytes']} bytes"
-                      + (f" (NCCL also won at rows {c['losses_below_crossover']}: check p90 / re-run)"
-                         if c.get("losses_below_crossover") else ""))
-        if c.get("speedup_at_3"):
-            md.append(f"  - at [3,{d.get('hidden')}] (verify pass): NCCL / {c['custom']} = {c['speedup_at_3']}x")
-    md.append("")
-    if d.get("absent"):
-        md += ["### Absent backends", ""] + [f"- {b}: {why}" for b, why in sorted(d["absent"].items())] + [""]
-    if d.get("errors"):
-        md += ["### Backends that failed to set up", ""] + [f"- {b}: {why}" for b, why in sorted(d["errors"].items())] + [""]
-    if d.get("baseline"):
-        md += ["### Baseline", "", f"- {d['baseline']}", ""]
-    if d.get("stress"):
-        md += stress_markdown(d["stress"])
-    md.append(f"Plot: `{d['plot']}`" if d.get("plot") else f"Plot: {d.get('plot_note')}")
-    md += ["", "Launches:"] + [f"- `{' '.join(shlex.quote(c) for c in L['cmd'])}` env+{L['env_added']} "
-                               f"rc={L['rc']} timed_out={L['timed_out']} {L['wall_s']} s"
-                               for L in d.get("launches", [])]
-    return md
-
-
-def stress_markdown(st: dict) -> list[str]:
-    rows = st.get("stress") or []
-    md = ["### Stress: every result compared exactly with NCCL", "",
-          f"{st.get('iterations')} iterations per backend and mode (rounded up to whole groups), in groups of "
-          f"back-to-back ops over rows {st.get('sizes')}; fresh integer inputs in "
-          f"[-{st.get('value_bound')}, {st.get('value_bound')}] every iteration, so every sum is exact; each "
-          f"result compared exactly with {st.get('reference')} on the same input; per-step timeout "
-          f"{st.get('step_timeout_s')} s.", "",
-          "| backend | mode | iterations done | mismatched iterations | first mismatch | elapsed s | it/s |",
-          "|---|---|---|---|---|---|---|"]
-    for r in rows:
-        f = r.get("first_mismatch")
-        first = (f"iteration {f['iteration']}, rank {f['rank']}, [{f['rows']},{f['hidden']}] element "
-                 f"{f['element']}: got {f['got']:g}, NCCL {f['nccl']:g}") if f else "—"
-        status = "" if r.get("status") == "ok" else f" **{str(r.get('status')).upper()}**"
-        md.append(f"| {r['backend']} | {r['mode']}{' (' + r['graph_impl'] + ')' if r.get('graph_impl') else ''} | "
-                  f"{r.get('iterations_done')} / {r.get('iterations_requested')}{status} | "
-                  f"{r.get('mismatched_iterations', '—')} | {first} | {r.get('elapsed_s', '—')} | {r.get('it_per_s', '—')} |")
-    if st.get("hang"):
-        md += ["", f"**Hang:** `{st['hang']}`"]
-    absent = {b: w for b, w in (st.get("absent") or {}).items() if b != "nccl"}
-    if absent:
-        md += [""] + [f"- not stressed: {b}: {why}" for b, why in sorted(absent.items())]
-    L = st.get("launch") or {}
-    md += ["", f"Stress launch: `{shlex.join(L.get('cmd', []))}` rc={L.get('rc')} "
-               f"timed_out={L.get('timed_out')} {L.get('wall_s')} s (log `kernel-stress.log`)", ""]
-    return md
+def summary(tr: TierResult, installs: list[dict], rows: list[dict], ws: int, hw: dict, stress: int | None) -> str:
+    if not tr.data["latency_run"]:
+        out = f"cpu test mode, {ws} ranks (gloo), no latency launches; {len(tr.failures)} failures"
+    else:
+        ok = sum(1 for r in rows if r["status"] == "ok")
+        absent = sorted(set.intersection(*(set(inst["absent"]) for inst in installs))) if installs else []
+        out = (f"{ok} measurements ok on {ws}x {hw.get('gpu_name', '?')} from {len(installs)} install(s); "
+               f"{len(tr.failures)} failures; absent{' from every install' if len(installs) > 1 else ''}: "
+               f"{', '.join(absent) or 'none'}")
+        d = tr.data.get("decision") or {}
+        best = (d.get("candidates") or [None])[0]
+        if best:
+            a = f"{d['rank_accept_length']:g}"
+            out += (f"; projected winner {best['backend']} [{best['install']}]: {best['tok_s_no_spec']} tok/s "
+                    f"no spec, EAGLE-3 {best['tok_s_eagle3'].get(a)} tok/s at accept {a} (a projection"
+                    + ("; it does not hold here, see the warnings)" if d.get("warnings") else ")"))
+    if stress:
+        srows = tr.data["stress"].get("stress") or []
+        out += (f"; stress {stress} x {len(srows)} backend/mode: "
+                + (", ".join(f"{r['backend']} {r['mode']} {r.get('status')}" for r in srows) or "none ran"))
+    return out

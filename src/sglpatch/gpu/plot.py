@@ -20,12 +20,13 @@ def plot_kernel(kernel: dict, out_png: str) -> str | None:
     modes = [m for m in ("eager", "graph") if any(r["mode"] == m for r in rows)]
     fig, axes = plt.subplots(1, len(modes), figsize=(6.5 * len(modes), 4.8), squeeze=False)
     hw = kernel.get("hardware") or {}
+    multi = len({r.get("install", "A") for r in rows}) > 1
     for ax, mode in zip(axes[0], modes):
-        for backend in sorted({r["backend"] for r in rows if r["mode"] == mode}):
+        for backend, inst in sorted({(r["backend"], r.get("install", "A")) for r in rows if r["mode"] == mode}):
             pts = sorted((r["bytes"], r["median_us"], r["p90_us"]) for r in rows
-                         if r["mode"] == mode and r["backend"] == backend)
+                         if r["mode"] == mode and r["backend"] == backend and r.get("install", "A") == inst)
             xs = [p[0] / 1024 for p in pts]
-            ax.plot(xs, [p[1] for p in pts], marker="o", label=backend)
+            ax.plot(xs, [p[1] for p in pts], marker="o", label=f"{backend} [{inst}]" if multi else backend)
             ax.fill_between(xs, [p[1] for p in pts], [p[2] for p in pts], alpha=0.15)
         ax.set_xscale("log")
         ax.set_yscale("log")

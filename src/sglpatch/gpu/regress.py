@@ -33,11 +33,14 @@ EXIT_PASS, EXIT_FAIL, EXIT_CANNOT_RUN = 0, 1, 125
 def run_regress(tier: str = "all", profile: str | None = None, report: str | None = None,
                 project: str | None = None, baseline: str | None = None, argv: list[str] | None = None,
                 stress: int | None = None, modes: str | None = None, parity_with: str | None = None,
-                ab: str | None = None, doctor: bool = False) -> dict:
+                ab: str | None = None, doctor: bool = False, python: str | None = None, quick: bool = False,
+                with_profile: str | None = None) -> dict:
     if tier not in (*TIERS, "all"):
         raise usage_error(f"unknown tier {tier!r}; choose cpu, kernel, server or all")
     if ab and tier != "server":
         raise usage_error("--ab compares two installs in the server tier: use it with --tier server")
+    if (python or quick or with_profile) and tier not in ("kernel", "all"):
+        raise usage_error("--python, --quick and --with-profile belong to the kernel tier: use --tier kernel")
     proj = Path(project).resolve() if project else find_project_root()
     prof_path = resolve_profile_path(profile, proj) if profile else None
     prof = load_profile(prof_path)
@@ -58,7 +61,7 @@ def run_regress(tier: str = "all", profile: str | None = None, report: str | Non
             results.append(tier_cpu(prof, proj, report_dir, base_env))
         elif t == "kernel":
             results.append(tier_kernel(prof, proj, report_dir, base_env, Path(baseline) if baseline else None,
-                                       stress=stress))
+                                       stress=stress, python=python, quick=quick, with_profile=with_profile))
         else:
             from sglpatch.gpu.server import tier_server
             from sglpatch.gpu.server_ab import tier_server_ab
@@ -113,6 +116,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--stress", type=_stress_count, nargs="?", const=-1, default=None, metavar="N",
                    help="tier kernel also runs N allreduces per non-NCCL backend and mode, each compared exactly "
                    "with NCCL (N omitted: the profile's [kernel] stress_iterations, 1000000 on the target)")
+    p.add_argument("--python", metavar="A_PYTHON[,B_PYTHON]",
+                   help="kernel tier: run the bench in each interpreter (e.g. the 0.5.9 and the 0.5.23 venv) and merge "
+                   "the rows, each labelled with its versions (default: the profile's [kernel] python)")
+    p.add_argument("--quick", action="store_true",
+                   help="kernel tier: the decision sizes only (batch, batch x draft tokens), few samples: a smoke run")
+    p.add_argument("--with-profile", metavar="REPORT",
+                   help="kernel tier: project from a server-tier report's measured step and P4 draft/verify/extend ms "
+                   "instead of the profile's [kernel.decision] numbers")
     p.add_argument("--modes", help="server tier: run these [[server.modes]] (comma-separated, or 'all'); "
                    "default: every mode not marked optional")
     p.add_argument("--parity-with", metavar="REPORT_DIR",
@@ -128,16 +139,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run_args(args: argparse.Namespace, prog: list[str]) -> int:
     """Run what add_arguments parsed; print one line per tier and where the report is."""
     argv = [*prog, "--tier", args.tier]
-    for flag in ("profile", "report", "baseline", "project", "modes", "parity_with", "ab"):
+    for flag in ("profile", "report", "baseline", "project", "modes", "parity_with", "ab", "python", "with_profile"):
         if getattr(args, flag):
             argv += [f"--{flag.replace('_', '-')}", getattr(args, flag)]
     if args.no_doctor:
         argv.append("--no-doctor")
     if args.stress is not None:
         argv += ["--stress"] + ([str(args.stress)] if args.stress >= 0 else [])
+    if args.quick:
+        argv.append("--quick")
     res = run_regress(tier=args.tier, profile=args.profile, report=args.report, project=args.project,
                       baseline=args.baseline, argv=argv, stress=args.stress, modes=args.modes,
-                      parity_with=args.parity_with, ab=args.ab, doctor=not args.no_doctor)
+                      parity_with=args.parity_with, ab=args.ab, doctor=not args.no_doctor, python=args.python,
+                      quick=args.quick, with_profile=args.with_profile)
     for name, status, summary, failures in res["tiers"]:
         print(f"tier {name}: {status}: {summary}", *[f"  - {f}" for f in failures[:20]], sep="\n")
     print(f"regress: {res['status']} (exit {res['exit_code']}); report: {res['report_dir']}/report.md")

@@ -554,9 +554,16 @@ def tier_server(prof: dict, project: Path, report_dir: Path, base_env: dict, mod
         srv = {**srv, "env": {**srv.get("env", {}), **venv, **{k: str(v) for k, v in (side_env or {}).items()}}}
     tr.data["version_env"] = why
     tr.data["side_env"] = side_env or {}
+    from sglpatch.gpu.mode_requires import split  # a mode's requires_import / min_sglang, before any load
+
+    selected, tr.data["skipped_modes"] = split(selected, python, base_env, tr.data["served_by"].get("sglang_version"))
+    if not selected:
+        tr.status, tr.summary = "cannot_run", "; ".join(f"{m['mode']}: {m['why']}" for m in tr.data["skipped_modes"])
+        return tr
     results = [run_server_mode(srv, mode, report_dir, base_env, python, prompts_file) for mode in selected]
     tr.data["modes"] = results
     tr.md = mode_table(tr, srv, selected, results)
+    tr.md += [f"\n- mode {m['mode']} not run: {m['why']}" for m in tr.data["skipped_modes"]]
     first_token = token_differ(python, expand(bench.get("tokenizer") or srv["model_path"]), base_env)
     tr.data["parity"] = parity_checks(tr, srv, report_dir, results, old, parity_with, digest, first_token)
     tr.md += parity_markdown(tr.data["parity"]) + served_markdown(tr.data["served_by"], results)

@@ -1,0 +1,15 @@
+"""The parts of the allreduce worker `python -m sglpatch.gpu.kernel_bench` (run under torchrun).
+
+Standard library and torch only at import time; every optional library (sglang, sgl_kernel,
+flashinfer, mscclpp) is imported inside the backend that needs it, guarded, so a backend that
+does not import is listed with its reason and never ends the run.
+
+- `common`: the Backend contract, exact integer inputs and references, the fused-norm check
+- `backends`: NCCL (+ SGLang's separate add-RMSNorm), torch symmetric memory, SGLang's custom
+  allreduce and MSCCL++, the self-test backends, the registry
+- `fi_backends`: flashinfer: the trtllm fusion, PCIe-IPC (`PcieIpcAllReduceWorkspace`) and the
+  b12x PCIe kernels (one-shot, two-shot, fused add-RMSNorm)
+- `measure`: latency samples (CUDA events / CUDA graphs; perf_counter on CPU under gloo)
+- `hardware`: what the run measured on (GPUs, NCCL, versions of the interpreter's libraries)
+- `stress`: --stress N, every result compared exactly with NCCL
+"""
