@@ -7,6 +7,7 @@ import fcntl
 import os
 import signal
 import tempfile
+import time
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -64,6 +65,18 @@ def exclusive(lockfile: Path, what: str):
 
 def crashpoint(step: str) -> None:
     """Fault-injection hook for the failure-mode tests: ``SGLPATCH_CRASH_AT=step`` makes the
-    process SIGKILL itself here, the way an OOM kill or a power cut would stop it."""
+    process SIGKILL itself here, the way an OOM kill or a power cut would stop it.
+
+    ``SGLPATCH_PAUSE_AT=step`` with ``SGLPATCH_PAUSE_FILE=BASE`` is a barrier between two real
+    processes: here the process writes ``BASE.reached`` (its pid) and waits until ``BASE.go``
+    exists (at most ``SGLPATCH_PAUSE_TIMEOUT`` seconds, default 300), then goes on."""
+    if os.environ.get("SGLPATCH_PAUSE_AT") == step and os.environ.get("SGLPATCH_PAUSE_FILE"):
+        base = os.environ["SGLPATCH_PAUSE_FILE"]
+        with open(f"{base}.reached.tmp", "w") as f:
+            f.write(str(os.getpid()))
+        os.replace(f"{base}.reached.tmp", f"{base}.reached")
+        deadline = time.monotonic() + float(os.environ.get("SGLPATCH_PAUSE_TIMEOUT", "300"))
+        while not os.path.exists(f"{base}.go") and time.monotonic() < deadline:
+            time.sleep(0.02)
     if os.environ.get("SGLPATCH_CRASH_AT") == step:
         os.kill(os.getpid(), signal.SIGKILL)
