@@ -26,6 +26,7 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 from sglpatch.errors import SglpatchError, say
+from sglpatch.fsutil import crashpoint
 
 DEFAULT_INDEX = "https://pypi.org/simple"
 WHEEL_PY = "3.11"  # which CPython's wheel to take when a release ships only compiled wheels
@@ -118,6 +119,7 @@ def index_files(name: str) -> tuple[Artifact, ...]:
         saved.parent.mkdir(parents=True, exist_ok=True)
         tmp = saved.with_suffix(".tmp")
         tmp.write_text(json.dumps(files))
+        crashpoint("index:written")
         os.replace(tmp, saved)
     except (OSError, ValueError) as e:
         if not saved.is_file():
@@ -142,6 +144,7 @@ def index_files(name: str) -> tuple[Artifact, ...]:
         if re.sub(r"[-_.]+", "_", fn.split("-", 1)[0]).lower() != norm or not version:
             continue
         out.append(Artifact(fn, version, kind, f.get("sha256", ""), f.get("url", "")))
+    crashpoint("index:read")
     return tuple(out)
 
 

@@ -25,6 +25,7 @@ from urllib.parse import unquote, urlparse
 
 from sglpatch import artifacts, preflight, upstream
 from sglpatch.errors import SglpatchError, say
+from sglpatch.fsutil import crashpoint
 from sglpatch.install import find_uv
 from sglpatch.lock import read_lock
 
@@ -281,6 +282,7 @@ def create(prep: Prepared, base_python: str) -> None:
     say(f"creating {venv_dir}: {' '.join(make)}")
     if subprocess.run(make).returncode != 0:
         raise SglpatchError(f"creating the venv {venv_dir} failed (see above); nothing else was changed")
+    crashpoint("venv:created")
     if uv:
         cmd = [uv, "pip", "install", "--python", str(prep.python), "-r", str(plan.lockfile)]
     else:

@@ -22,6 +22,7 @@ from pathlib import Path
 from sglpatch import artifacts
 from sglpatch import upstream as up
 from sglpatch.errors import SglpatchError, say
+from sglpatch.fsutil import crashpoint
 from sglpatch.gitcmd import Git
 from sglpatch.lock import UNKNOWN_COMMIT, Lock, LockError
 
@@ -49,6 +50,7 @@ def tree_commit(cg: Git, kind: str, path: Path, sha256: str, subdir: str = "pyth
         with tempfile.TemporaryDirectory(prefix="sglpatch-tree-") as tmp:
             dest = Path(tmp) / subdir
             dest.mkdir(parents=True)
+            crashpoint("treecache:unpack")
             if kind == "wheel":
                 artifacts.extract_wheel(path, dest)
             else:
