@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 from sglpatch.errors import SglpatchError, say
-from sglpatch.fsutil import crashpoint
+from sglpatch.fsutil import crashpoint, no_link
 from sglpatch.gitcmd import FIXED_DATE, Git, validate_ref, validate_url
 from sglpatch import artifacts
 from sglpatch.lock import UNKNOWN_COMMIT, Lock, LockError, sha256_file
@@ -154,13 +154,23 @@ def _safe_extract(tarball: Path, dest: Path) -> str:
 SCRATCH = "sglpatch-tmp"
 
 
+def _scratch_hint(git: Git) -> str:
+    return f"sglpatch keeps its scratch files inside {git.workdir / '.git'}: remove the link and re-run"
+
+
+def clear_scratch(git: Git) -> None:
+    """Remove the scratch files a killed run left (the caller holds DIR's lock)."""
+    d = no_link(git.workdir / ".git" / SCRATCH, _scratch_hint(git))
+    shutil.rmtree(d, ignore_errors=True)
+
+
 def scratch_dir(git: Git) -> str | None:
     """Where temporary files for this workdir go: inside its .git, so that a kill cannot leave
     anything outside the workdir (stale ones are removed by the next apply, under its lock)."""
     dotgit = git.workdir / ".git"
     if not dotgit.is_dir():
         return None
-    d = dotgit / SCRATCH
+    d = no_link(dotgit / SCRATCH, _scratch_hint(git))
     d.mkdir(exist_ok=True)
     return str(d)
 
