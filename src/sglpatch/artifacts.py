@@ -270,7 +270,9 @@ def fetch(name: str, version: str, kind: str, python: str | None = None, expect_
                 "delete it and re-run (nothing was written)"
             )
         return art, target
-    cdir.mkdir(parents=True, exist_ok=True)
+    from sglpatch.upstream import cache_subdir
+
+    cache_subdir(kind)
     with tempfile.TemporaryDirectory(prefix="sglpatch-dl-", dir=str(cdir)) as tmp:
         got_path = Path(tmp) / art.filename
         if kind == "wheel":

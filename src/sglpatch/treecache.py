@@ -38,13 +38,7 @@ def cache_repo() -> Git:
     clean_stale_tmp()  # what a killed watch or dry run left in TMPDIR
     path = up.cache_dir() / "trees.git"
     if not (path / "HEAD").exists():
-        try:
-            path.mkdir(parents=True, exist_ok=True)
-        except OSError as e:
-            raise SglpatchError(
-                f"cannot create the cache {path} ({e.strerror}); set SGLPATCH_CACHE to a folder you can write (it holds "
-                "downloaded release files and their unpacked trees)"
-            ) from None
+        up.cache_subdir("trees.git")
         Git(path).run("init", "-q", "--bare")
     return Git(path)
 

@@ -40,6 +40,19 @@ def cache_dir() -> Path:
     return Path(xdg) / "sglpatch" if xdg else Path.home() / ".cache" / "sglpatch"
 
 
+def cache_subdir(name: str) -> Path:
+    """cache_dir()/name, made when missing; a cache that cannot be made is one line naming the fix."""
+    d = cache_dir() / name
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise SglpatchError(
+            f"cannot create the cache folder {d} ({e.strerror}); set SGLPATCH_CACHE to a folder you can write "
+            "(it holds downloaded release files and their unpacked trees)"
+        ) from None
+    return d
+
+
 # --------------------------------------------------------------------------------------
 # sdist
 
@@ -60,8 +73,7 @@ def _run_showing_lines(cmd: list[str], prefix: str) -> subprocess.CompletedProce
 
 def fetch_sdist(lock: Lock, python: str | None = None) -> Path:
     """The verified sdist tarball for lock, from the cache or downloaded with pip."""
-    cdir = cache_dir() / "sdist"
-    cdir.mkdir(parents=True, exist_ok=True)
+    cdir = cache_subdir("sdist")
     target = cdir / lock.sdist_filename
     cached_digest = None
     if target.exists():
