@@ -184,14 +184,19 @@ def exclusive(lockfile: Path, what: str):
 # private temporary folders in TMPDIR, and those a killed run left
 
 
-_TMP_RE = re.compile(r"^sglpatch-(tree|watch|venv|check)-(\d+)-")
+_TMP_RE = re.compile(r"^sglpatch-([a-z]+)-(\d+)-")
+
+
+def tmp_prefix(kind: str) -> str:
+    """sglpatch-KIND-PID-: every temporary file or folder is named after its process, so that the
+    next run can tell a killed run's leftovers in TMPDIR from a live run's (clean_stale_tmp)."""
+    return f"sglpatch-{kind}-{os.getpid()}-"
 
 
 def private_tmpdir(kind: str) -> tempfile.TemporaryDirectory:
-    """A temporary folder in TMPDIR named after this process (sglpatch-KIND-PID-...), so that
-    the next run can tell a killed run's leftovers from a live run's folder (clean_stale_tmp)."""
+    """A temporary folder in TMPDIR (tmp_prefix), after removing what killed runs left there."""
     clean_stale_tmp()
-    return tempfile.TemporaryDirectory(prefix=f"sglpatch-{kind}-{os.getpid()}-")
+    return tempfile.TemporaryDirectory(prefix=tmp_prefix(kind))
 
 
 def clean_stale_tmp() -> list[str]:

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from sglpatch import upstream as up
 from sglpatch.errors import SglpatchError, say
-from sglpatch.fsutil import crashpoint, exclusive, private_tmpdir, remove, write_if_changed
+from sglpatch.fsutil import crashpoint, exclusive, private_tmpdir, remove, tmp_prefix, write_if_changed
 from sglpatch.gitcmd import Git
 from sglpatch.lock import Lock, read_lock
 from sglpatch.series import (
@@ -216,7 +216,7 @@ def commit_patch(git: Git, base: str, entry: Entry, patch: PatchFile, exact: boo
     """Apply patch on top of base off to the side; return the new commit (git am's message and author)."""
     if exact:
         check_exact(git, base, patch, entry.strip)
-    with tempfile.TemporaryDirectory(prefix="sglpatch-am-", dir=up.scratch_dir(git)) as tmp:
+    with tempfile.TemporaryDirectory(prefix=tmp_prefix("am"), dir=up.scratch_dir(git)) as tmp:
         tmpd = Path(tmp)
         pfile = tmpd / "patch"
         pfile.write_bytes(patch.data)

@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 from sglpatch.errors import SglpatchError, say
-from sglpatch.fsutil import crashpoint, no_link
+from sglpatch.fsutil import crashpoint, no_link, tmp_prefix
 from sglpatch.gitcmd import FIXED_DATE, Git, validate_ref, validate_url
 from sglpatch import artifacts
 from sglpatch.lock import UNKNOWN_COMMIT, Lock, LockError, sha256_file
@@ -188,7 +188,7 @@ def scratch_dir(git: Git) -> str | None:
 
 
 def _commit_tree(git: Git, tree_root: Path, message: str) -> str:
-    with tempfile.TemporaryDirectory(prefix="sglpatch-idx-", dir=scratch_dir(git)) as tmp:
+    with tempfile.TemporaryDirectory(prefix=tmp_prefix("idx"), dir=scratch_dir(git)) as tmp:
         env = {"GIT_INDEX_FILE": str(Path(tmp) / "index")}
         git.run("--work-tree", str(tree_root), "add", "-A", "-f", ".", env=env)
         tree = git.run("write-tree", env=env)
@@ -202,7 +202,7 @@ def _commits_match(a: str, b: str) -> bool:
 
 def build_from_sdist(git: Git, lock: Lock, python: str | None = None) -> str:
     tarball = fetch_sdist(lock, python)
-    with tempfile.TemporaryDirectory(prefix="sglpatch-sdist-", dir=scratch_dir(git)) as tmp:
+    with tempfile.TemporaryDirectory(prefix=tmp_prefix("sdist"), dir=scratch_dir(git)) as tmp:
         root = Path(tmp)
         dest = root / lock.sdist_subdir
         dest.mkdir(parents=True)
@@ -232,7 +232,7 @@ def build_from_wheel(git: Git, lock: Lock, python: str | None = None) -> str:
     art, path = artifacts.fetch(lock.name, lock.version, "wheel", python, expect_sha256=lock.sdist_sha256)
     if art.filename != lock.sdist_filename:
         raise LockError(f"upstream.lock: field sdist.filename is {lock.sdist_filename} but the index's wheel is {art.filename}")
-    with tempfile.TemporaryDirectory(prefix="sglpatch-wheel-", dir=scratch_dir(git)) as tmp:
+    with tempfile.TemporaryDirectory(prefix=tmp_prefix("wheel"), dir=scratch_dir(git)) as tmp:
         root = Path(tmp)
         say(f"extracting sglang/ of {path.name} under {lock.sdist_subdir}/")
         try:

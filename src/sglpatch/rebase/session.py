@@ -13,7 +13,7 @@ from pathlib import Path
 from sglpatch import stack
 from sglpatch import upstream as up
 from sglpatch.errors import say
-from sglpatch.fsutil import crashpoint, exclusive, journal, write_if_changed
+from sglpatch.fsutil import crashpoint, exclusive, journal, tmp_prefix, write_if_changed
 from sglpatch.gitcmd import Git
 from sglpatch.lock import Lock, write_lock
 from sglpatch.series import PATCH_DIR
@@ -132,7 +132,7 @@ def _stop(git: Git, plan: Plan, o: Outcome) -> list[str]:
     data = stack.format_patch(git, plan.old_commits[i])
     git.run("checkout", "-q", "--detach", plan.head)
     crashpoint("rebase:stop:checkout")
-    with tempfile.TemporaryDirectory(prefix="sglpatch-rb-", dir=up.scratch_dir(git)) as tmp:
+    with tempfile.TemporaryDirectory(prefix=tmp_prefix("rb"), dir=up.scratch_dir(git)) as tmp:
         pf = Path(tmp) / "patch"
         pf.write_bytes(data)
         rc, out, err = git.run("apply", "--3way", "--index", f"-p{plan.strips[i]}", "--whitespace=nowarn", "--", str(pf), check=False)
