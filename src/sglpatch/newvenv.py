@@ -223,8 +223,8 @@ class Prepared:
 def prepare(project: Path, venv_dir: Path, python: str, installer: str, p1: bool, artifact: Path | None, dry_run: bool) -> Prepared:
     """Read the release's pins, resolve them, run the preflight; prints the plan and the verdict."""
     venv_dir = Path(venv_dir).expanduser().absolute()
-    clear_unfinished(venv_dir)
-    if venv_dir.exists() and (not venv_dir.is_dir() or any(venv_dir.iterdir())):
+    unfinished = clear_unfinished(venv_dir, dry_run)
+    if not unfinished and venv_dir.exists() and (not venv_dir.is_dir() or any(venv_dir.iterdir())):
         raise SglpatchError(f"--venv {venv_dir} exists and is not empty; apply --venv only builds a NEW venv: pick a new directory")
     lock = read_lock(project)
     artifact = Path(artifact) if artifact else release_artifact(lock)
@@ -292,7 +292,8 @@ def create(prep: Prepared, base_python: str) -> None:
     say(f"installing {len(plan.packages)} packages into {venv_dir} (the plan above): {' '.join(cmd)}")
     if subprocess.run(cmd).returncode != 0:
         raise SglpatchError(
-            f"installing the plan into {venv_dir} failed (see above); that venv is incomplete: remove it and re-run; no other environment was touched"
+            f"installing the plan into {venv_dir} failed (see above); that venv is incomplete: fix the cause and re-run "
+            "(the re-run builds it again); no other environment was touched"
         )
     shutil.copy2(plan.lockfile, venv_dir / f"sglpatch-plan{plan.lockfile.suffix}")  # what was installed, for the record
     _mark(venv_dir, "installed")
@@ -314,13 +315,18 @@ def mark_complete(prep: Prepared) -> None:
     _mark(prep.venv_dir, "complete")
 
 
-def clear_unfinished(venv_dir: Path) -> None:
+def clear_unfinished(venv_dir: Path, dry_run: bool = False) -> bool:
     """Remove venv_dir when an earlier `apply --venv` made it and did not finish it (its marker
-    says so): the re-run that the failure message asks for then builds it again."""
+    says so): the re-run that the failure message asks for then builds it again. A dry run only
+    says so. Whether venv_dir was such a venv."""
     try:
         marker = json.loads((venv_dir / MARKER).read_text())
     except (OSError, ValueError):
-        return
-    if isinstance(marker, dict) and marker.get("made_by") == "sglpatch apply --venv" and marker.get("state") != "complete":
-        say(f"{venv_dir} is a venv an earlier `apply --venv` made and did not finish ({marker.get('state')}); building it again")
+        return False
+    if not (isinstance(marker, dict) and marker.get("made_by") == "sglpatch apply --venv" and marker.get("state") != "complete"):
+        return False
+    what = "a build would remove it and build it again" if dry_run else "building it again"
+    say(f"{venv_dir} is a venv an earlier `apply --venv` made and did not finish ({marker.get('state')}); {what}")
+    if not dry_run:
         shutil.rmtree(venv_dir)
+    return True

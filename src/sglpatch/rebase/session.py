@@ -70,7 +70,7 @@ def start(
     if saved.is_file():
         raise RebaseError(_in_progress(git))
     # the whole rebase, its finishing step included, holds DIR's lock: an --abort or an export
-    # from another shell waits for it instead of working on half-moved branches
+    # from another shell is refused instead of working on half-moved branches
     with exclusive(stack._lockfile(git), str(git.workdir)):
         if saved.is_file():
             raise RebaseError(_in_progress(git))
