@@ -530,7 +530,8 @@ def test_resolution_names_and_links_are_checked(tmp_path, rb_golden, kind):
         (d / "resolutions.toml").symlink_to(c.sentinel / "r.toml")
     else:
         (d / "resolutions.toml").write_text(toml)
-    needle = {"dotdot": "..", "absolute": "absolute", "proc-self-mem": "absolute"}.get(kind, "symbolic link")
+    needle = {"dotdot": "must be a plain relative path without '..'", "absolute": "absolute paths are not allowed",
+              "proc-self-mem": "absolute paths are not allowed"}.get(kind, "symbolic link")
     before_wd = _exact(c.fork)
     refused(_rebase(c), f"resolutions/{T}/", needle)
     assert _exact(c.fork) == before_wd
@@ -600,8 +601,8 @@ def test_concurrent_watch_runs_do_not_share_the_index_temp_file(case, index):
     bar.go()
     out, err = first.communicate(timeout=120)
     assert first.returncode == KILLED and second.returncode == KILLED, err + second.stderr  # both read the index
-    for text in (err, second.stderr):
-        assert "does not answer" not in text and "Traceback" not in text, text
+    for text in (err, second.stderr):  # not even a failed save: each saves through its own temporary file
+        assert "does not answer" not in text and "cannot save" not in text and "Traceback" not in text, text
     assert [p.name for p in (cache / "index").iterdir()] == ["sglang.json"]
     assert len(json.loads((cache / "index" / "sglang.json").read_text())) == 2
     c.outside_clean()
