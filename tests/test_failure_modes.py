@@ -22,6 +22,7 @@ SIGKILL at a named step so that every step of apply and export is hit determinis
 from __future__ import annotations
 
 import errno
+import functools
 import http.server
 import io
 import os
@@ -59,7 +60,22 @@ os.environ.setdefault("GIT_COMMITTER_DATE", "2026-11-30T12:00:00+00:00")
 # session set-up: a project with two real patches, and a workdir where they are applied
 
 
+def once(fn):
+    """A session fixture built once per process although two test modules import it
+    (tests/test_failure_modes_2.py uses these): pytest keeps one value per module otherwise."""
+    memo: dict = {}
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        if "value" not in memo:
+            memo["value"] = fn(*args, **kwargs)
+        return memo["value"]
+
+    return wrapper
+
+
 @pytest.fixture(scope="session")
+@once
 def golden(tmp_path_factory, sdist_059):
     base = tmp_path_factory.mktemp("fm-golden")
     proj = base / "project"
@@ -1175,6 +1191,7 @@ GATE = "python/sglang/srt/distributed/device_communicators/custom_all_reduce.py"
 
 
 @pytest.fixture(scope="session")
+@once
 def rb_golden(golden, tmp_path_factory, sdist_0510):
     """The two-patch project plus P3 (so the rebase drops one), the target's recorded pin, a CHANGELOG."""
     base = tmp_path_factory.mktemp("fm-rebase")
@@ -1194,6 +1211,7 @@ def rb_golden(golden, tmp_path_factory, sdist_0510):
 
 
 @pytest.fixture(scope="session")
+@once
 def rb_conflict(rb_golden, tmp_path_factory):
     """rb_golden plus a patch on the NVLink gate that 0.5.10.post1 moved: a conflict, no recorded resolution."""
     base = tmp_path_factory.mktemp("fm-rebase-conflict")
@@ -1239,6 +1257,7 @@ def _users_work_kept(c: Case, orig: dict) -> None:
 
 
 @pytest.fixture(scope="session")
+@once
 def rb_after(rb_golden, tmp_path_factory):
     """What an uninterrupted rebase writes: the project's files and the workdir's branches."""
     c = Case(tmp_path_factory.mktemp("fm-rebase-after"), rb_golden)

@@ -10,6 +10,7 @@ PyPI). A mismatch is a one-line error naming the file, and nothing is written.
 from __future__ import annotations
 
 import email.parser
+import gzip
 import json
 import os
 import re
@@ -17,16 +18,20 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
 import zipfile
+import zlib
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import lru_cache
 from html.parser import HTMLParser
 from pathlib import Path
 
 from sglpatch.errors import SglpatchError, say
+from sglpatch.fsutil import crashpoint
 
 DEFAULT_INDEX = "https://pypi.org/simple"
 WHEEL_PY = "3.11"  # which CPython's wheel to take when a release ships only compiled wheels
@@ -79,8 +84,16 @@ class _Links(HTMLParser):
 def _parse_index(name: str, body: bytes, ctype: str, base: str) -> list[dict]:
     if "json" in ctype:
         data = json.loads(body)
-        return [{"filename": f["filename"], "sha256": f.get("hashes", {}).get("sha256", ""), "url": urllib.parse.urljoin(base, f["url"])}
-                for f in data["files"]]
+        files = data.get("files") if isinstance(data, dict) else None
+        if not isinstance(files, list) or not all(isinstance(f, dict) for f in files):
+            raise _IndexShape("its JSON is not a PEP 691 project page (no list of file objects under 'files')")
+        out = []
+        for f in files:
+            hashes = f.get("hashes") if isinstance(f.get("hashes"), dict) else {}
+            if not isinstance(f.get("filename"), str) or not isinstance(f.get("url"), str) or not isinstance(hashes.get("sha256", ""), str):
+                raise _IndexShape(f"its JSON lists a file whose filename, url or sha256 is not a string ({json.dumps(f)[:80]})")
+            out.append({"filename": f["filename"], "sha256": hashes.get("sha256", ""), "url": urllib.parse.urljoin(base, f["url"])})
+        return out
     p = _Links()
     p.feed(body.decode("utf-8", "replace"))
     out = []
@@ -88,6 +101,36 @@ def _parse_index(name: str, body: bytes, ctype: str, base: str) -> list[dict]:
         m = re.search(r"#sha256=([0-9a-f]{64})", href)
         out.append({"filename": text, "sha256": m.group(1) if m else "", "url": urllib.parse.urljoin(base, href.split("#")[0])})
     return out
+
+
+class _IndexShape(ValueError):
+    """An index answer (or a saved one) that is not what a package index answers."""
+
+
+def _saved_shape(files) -> list[dict]:
+    if not isinstance(files, list) or not all(
+        isinstance(f, dict) and all(isinstance(f.get(k), str) for k in ("filename", "sha256", "url")) for f in files
+    ):
+        raise _IndexShape("not a list of {filename, sha256, url} objects")
+    return files
+
+
+def _save_answer(saved: Path, files: list[dict], base: str) -> None:
+    """Keep the index's answer for when it does not answer: a temporary file of this process's
+    own (several runs at once) renamed into place; a cache that cannot be written only costs that."""
+    try:
+        saved.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{saved.name}.", suffix=".tmp", dir=saved.parent)
+        try:
+            with os.fdopen(fd, "w") as f:
+                f.write(json.dumps(files))
+            crashpoint("index:written")
+            os.replace(tmp, saved)
+        except BaseException:
+            os.unlink(tmp)
+            raise
+    except OSError as e:
+        say(f"cannot save the answer of the package index {base} in {saved} ({e.strerror or e}); using it without saving it")
 
 
 def _cache_root() -> Path:
@@ -116,15 +159,24 @@ def index_files(name: str) -> tuple[Artifact, ...]:
         req = urllib.request.Request(base, headers={"Accept": "application/vnd.pypi.simple.v1+json, text/html;q=0.1"})
         with urllib.request.urlopen(req, timeout=60) as resp:
             files = _parse_index(name, resp.read(), resp.headers.get("Content-Type", ""), base)
-        saved.parent.mkdir(parents=True, exist_ok=True)
-        tmp = saved.with_suffix(".tmp")
-        tmp.write_text(json.dumps(files))
-        os.replace(tmp, saved)
+    except _IndexShape as e:
+        raise ArtifactError(f"the package index {base} answered, but {e}; check PIP_INDEX_URL / your pip index and re-run") from None
     except (OSError, ValueError) as e:
         if not saved.is_file():
             raise ArtifactError(f"cannot read the package index {base} ({e}); check the network / pip index and re-run") from None
-        say(f"the package index {base} does not answer ({e}); using its last answer from {saved}")
-        files = json.loads(saved.read_text())
+        try:
+            files = _saved_shape(json.loads(saved.read_text()))
+        except (OSError, ValueError) as bad:
+            raise ArtifactError(
+                f"the package index {base} does not answer ({e}), and its answer saved in {saved} is damaged ({bad}); "
+                "delete that file, restore the network and re-run"
+            ) from None
+        when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(saved.stat().st_mtime))
+        say(f"the package index {base} does not answer ({e}); using its answer saved in {saved} on {when}: "
+            "nothing was verified online (the files and sha256s are the ones that answer listed)")
+    else:
+        _save_answer(saved, files, base)
+    crashpoint("index:read")
     return _artifacts(files, name, base)
 
 
@@ -239,7 +291,9 @@ def fetch(name: str, version: str, kind: str, python: str | None = None, expect_
                 "delete it and re-run (nothing was written)"
             )
         return art, target
-    cdir.mkdir(parents=True, exist_ok=True)
+    from sglpatch.upstream import cache_subdir
+
+    cache_subdir(kind)
     with tempfile.TemporaryDirectory(prefix="sglpatch-dl-", dir=str(cdir)) as tmp:
         got_path = Path(tmp) / art.filename
         if kind == "wheel":
@@ -290,10 +344,23 @@ def _download(art: Artifact, dest: Path) -> None:
 # unpacking and metadata
 
 
+@contextmanager
+def readable(path: Path):
+    """A vouched-for artifact that is not the archive it claims to be: one line, not a traceback."""
+    try:
+        yield
+    except (zipfile.BadZipFile, tarfile.TarError, EOFError, zlib.error, gzip.BadGzipFile) as e:
+        kind = "wheel (zip file)" if path.name.endswith(".whl") else "sdist (gzip'd tar file)"
+        raise ArtifactError(
+            f"{path}: not a readable {kind} ({e}), although its sha256 is the one the package index publishes: "
+            "the index serves a broken file; nothing was unpacked"
+        ) from None
+
+
 def extract_wheel(path: Path, dest: Path) -> None:
     """The wheel's sglang/ package under dest/sglang (dest is the tree's python/ folder);
     dist-info and anything outside sglang/ are not repository files."""
-    with zipfile.ZipFile(path) as zf:
+    with readable(path), zipfile.ZipFile(path) as zf:
         for info in zf.infolist():
             name = info.filename
             parts = name.split("/")
@@ -320,12 +387,12 @@ def _version_py_commit(text: str) -> str:
 def recorded_commit(path: Path) -> str:
     """The commit id sglang/_version.py in the artifact records ('' when None)."""
     if path.name.endswith(".whl"):
-        with zipfile.ZipFile(path) as zf:
+        with readable(path), zipfile.ZipFile(path) as zf:
             try:
                 return _version_py_commit(zf.read("sglang/_version.py").decode("utf-8", "replace"))
             except KeyError:
                 return ""
-    with tarfile.open(path, "r:gz") as tf:
+    with readable(path), tarfile.open(path, "r:gz") as tf:
         for m in tf.getmembers():
             if m.name.split("/")[1:] == ["sglang", "_version.py"] and m.isfile():
                 return _version_py_commit(tf.extractfile(m).read().decode("utf-8", "replace"))
@@ -336,11 +403,11 @@ def metadata(path: Path) -> email.message.Message:
     """The core metadata (wheel METADATA / sdist PKG-INFO)."""
     text = ""
     if path.name.endswith(".whl"):
-        with zipfile.ZipFile(path) as zf:
+        with readable(path), zipfile.ZipFile(path) as zf:
             name = next((n for n in zf.namelist() if re.fullmatch(r"[^/]+\.dist-info/METADATA", n)), None)
             text = zf.read(name).decode("utf-8", "replace") if name else ""
     else:
-        with tarfile.open(path, "r:gz") as tf:
+        with readable(path), tarfile.open(path, "r:gz") as tf:
             for m in tf.getmembers():
                 if m.name.count("/") == 1 and m.name.endswith("/PKG-INFO") and m.isfile():
                     text = tf.extractfile(m).read().decode("utf-8", "replace")
@@ -349,12 +416,12 @@ def metadata(path: Path) -> email.message.Message:
 
 
 def zip_has(path: Path, member: str) -> bool:
-    with zipfile.ZipFile(path) as zf:
+    with readable(path), zipfile.ZipFile(path) as zf:
         return member in zf.namelist()
 
 
 def zip_read(path: Path, member: str) -> str | None:
-    with zipfile.ZipFile(path) as zf:
+    with readable(path), zipfile.ZipFile(path) as zf:
         try:
             return zf.read(member).decode("utf-8", "replace")
         except KeyError:

@@ -130,6 +130,7 @@ def _cmd_apply(args) -> int:
         if prep:
             newvenv.create(prep, args.python or sys.executable)
             print(install.install(workdir, python=str(prep.python), installer=prep.plan.installer, version=read_lock(project).version))
+            newvenv.mark_complete(prep)
             _venv_summary(prep, args)
         elif not args.no_install:
             print(install.install(workdir, python=args.python, installer=args.installer, version=read_lock(project).version))

@@ -227,16 +227,32 @@ class Git:
             raise GitError(f"cannot look up {spec!r}")
         for fresh in (False, True):
             try:
-                sha, kind, _size, data = self.repo.git.get_object_data(spec)
-                return sha.decode(), kind.decode(), data
+                sha, kind, size, data = self.repo.git.get_object_data(spec)
             except ValueError:  # GitPython: "SHA ... could not be resolved"
-                if fresh:
-                    return None
-                rc, _, _ = self.run("rev-parse", "--verify", "--quiet", "--end-of-options", spec, check=False)
+                rc, oid, _ = self.run("rev-parse", "--verify", "--quiet", "--end-of-options", spec, check=False)
                 if rc != 0:
                     return None
+                if fresh:  # git resolves it, but cannot read it: a damaged object
+                    self._damaged(spec, oid.strip())
                 self.repo.git.clear_cache()  # ends the old batch process
+                continue
+            except OSError:  # the batch process died on a damaged object
+                self.repo.git.clear_cache()
+                self._damaged(spec)
+            if len(data) != int(size):  # cut short: a damaged object (the batch process is gone)
+                self.repo.git.clear_cache()
+                self._damaged(spec, sha.decode())
+            return sha.decode(), kind.decode(), data
         return None
+
+    def _damaged(self, spec: str, oid: str | None = None) -> None:
+        """Raise the one line for an object git names but cannot read (a cut or damaged file)."""
+        if oid is None:
+            rc, out, _ = self.run("rev-parse", "--verify", "--quiet", "--end-of-options", spec, check=False)
+            oid = out.strip() if rc == 0 else spec
+        rc, _, err = self.run("cat-file", "-p", oid, check=False)
+        why = "; ".join(line.strip() for line in err.splitlines() if line.strip()) or "its content is cut short"
+        raise GitError(f"git object {oid} ({spec}) in {self.workdir} is damaged: {why}")
 
     def tree_of(self, commit: str) -> str:
         """The tree id of a commit (or of a tree), through cat()."""

@@ -218,7 +218,7 @@ def write_lock(project: Path, lock: Lock) -> bool:
     from sglpatch.fsutil import write_if_changed
 
     lock.validate()
-    return write_if_changed(Path(project) / LOCK_NAME, lock.dumps().encode())
+    return write_if_changed(Path(project) / LOCK_NAME, lock.dumps().encode(), within=Path(project))
 
 
 def sha256_file(path: Path) -> str:

@@ -26,6 +26,7 @@ from urllib.parse import unquote, urlparse
 
 from sglpatch import artifacts, cudavariant, preflight, upstream
 from sglpatch.errors import SglpatchError, say
+from sglpatch.fsutil import crashpoint, private_tmpdir
 from sglpatch.install import find_uv
 from sglpatch.lock import read_lock
 
@@ -236,7 +237,8 @@ def prepare(project: Path, venv_dir: Path, python: str, installer: str, p1: bool
     """Read the release's pins (--cuda: their CUDA 12 builds), resolve them, run the preflight;
     prints the plan and the verdict."""
     venv_dir = Path(venv_dir).expanduser().absolute()
-    if venv_dir.exists() and (not venv_dir.is_dir() or any(venv_dir.iterdir())):
+    unfinished = clear_unfinished(venv_dir, dry_run)
+    if not unfinished and venv_dir.exists() and (not venv_dir.is_dir() or any(venv_dir.iterdir())):
         raise SglpatchError(f"--venv {venv_dir} exists and is not empty; apply --venv only builds a NEW venv: pick a new directory")
     lock = read_lock(project)
     artifact = Path(artifact) if artifact else release_artifact(lock)
@@ -252,7 +254,7 @@ def prepare(project: Path, venv_dir: Path, python: str, installer: str, p1: bool
         sel = cudavariant.select(project, reqs, cudavariant.parse_cuda(cuda))
         reqs = sel.reqs
     say(f"{lock.name} {version}: {len(reqs)} requirements from {artifact.name}; resolving them for {python}")
-    tmp = tempfile.TemporaryDirectory(prefix="sglpatch-venv-")
+    tmp = private_tmpdir("venv")
     plan, error = resolve(reqs, python, installer, Path(tmp.name), sel.indexes if sel else [])
     checks = preflight.run(plan, venv_dir, p1, error, sel)
     prep = Prepared(venv_dir, plan, notes, checks, tmp, sel)
@@ -308,10 +310,12 @@ def create(prep: Prepared, base_python: str) -> None:
     """Make the venv and install exactly the plan into it (the patched tree comes after)."""
     plan, venv_dir = prep.plan, prep.venv_dir
     uv = find_uv() if plan.installer == "uv" else None
-    make = [uv, "venv", "-q", "--python", base_python, str(venv_dir)] if uv else [base_python, "-m", "venv", str(venv_dir)]
+    make = [uv, "venv", "-q", "--allow-existing", "--python", base_python, str(venv_dir)] if uv else [base_python, "-m", "venv", str(venv_dir)]
+    _mark(venv_dir, "building")  # first: a venv left half-built is known to be ours (clear_unfinished)
     say(f"creating {venv_dir}: {' '.join(make)}")
     if subprocess.run(make).returncode != 0:
         raise SglpatchError(f"creating the venv {venv_dir} failed (see above); nothing else was changed")
+    crashpoint("venv:created")
     if uv:
         cmd = [uv, "pip", "install", "--python", str(prep.python), "-r", str(plan.lockfile)]
     else:
@@ -320,6 +324,41 @@ def create(prep: Prepared, base_python: str) -> None:
     say(f"installing {len(plan.packages)} packages into {venv_dir} (the plan above): {' '.join(cmd)}")
     if subprocess.run(cmd).returncode != 0:
         raise SglpatchError(
-            f"installing the plan into {venv_dir} failed (see above); that venv is incomplete: remove it and re-run; no other environment was touched"
+            f"installing the plan into {venv_dir} failed (see above); that venv is incomplete: fix the cause and re-run "
+            "(the re-run builds it again); no other environment was touched"
         )
     shutil.copy2(plan.lockfile, venv_dir / f"sglpatch-plan{plan.lockfile.suffix}")  # what was installed, for the record
+    _mark(venv_dir, "installed")
+
+
+# --------------------------------------------------------------------------------------
+# a venv this command made and did not finish (killed, or its install failed)
+
+MARKER = "sglpatch-venv.json"
+
+
+def _mark(venv_dir: Path, state: str) -> None:
+    venv_dir.mkdir(parents=True, exist_ok=True)
+    (venv_dir / MARKER).write_text(json.dumps({"made_by": "sglpatch apply --venv", "state": state}) + "\n")
+
+
+def mark_complete(prep: Prepared) -> None:
+    """After the patched tree is installed into it: the venv is finished (and no longer rebuilt)."""
+    _mark(prep.venv_dir, "complete")
+
+
+def clear_unfinished(venv_dir: Path, dry_run: bool = False) -> bool:
+    """Remove venv_dir when an earlier `apply --venv` made it and did not finish it (its marker
+    says so): the re-run that the failure message asks for then builds it again. A dry run only
+    says so. Whether venv_dir was such a venv."""
+    try:
+        marker = json.loads((venv_dir / MARKER).read_text())
+    except (OSError, ValueError):
+        return False
+    if not (isinstance(marker, dict) and marker.get("made_by") == "sglpatch apply --venv" and marker.get("state") != "complete"):
+        return False
+    what = "a build would remove it and build it again" if dry_run else "building it again"
+    say(f"{venv_dir} is a venv an earlier `apply --venv` made and did not finish ({marker.get('state')}); {what}")
+    if not dry_run:
+        shutil.rmtree(venv_dir)
+    return True

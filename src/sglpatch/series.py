@@ -24,6 +24,7 @@ from pathlib import Path
 import unidiff
 
 from sglpatch.errors import SglpatchError
+from sglpatch.fsutil import inside
 from sglpatch.gitcmd import GitError, patch_paths
 from sglpatch.lock import safe_relpath
 
@@ -129,6 +130,8 @@ def read_series(project: Path) -> Series:
         text = raw.decode("utf-8")
     except UnicodeDecodeError:
         raise SeriesError(f"{path}: not UTF-8 text") from None
+    if text.startswith("\ufeff"):
+        raise SeriesError(f"{path} starts with a byte-order mark (an editor saved it as 'UTF-8 with BOM'); save it as plain UTF-8 and re-run")
     return Series.parse(text)
 
 
@@ -288,16 +291,24 @@ def hunks_by_path(patch: PatchFile, strip: int | None = None) -> dict[str, list[
     return result
 
 
+def patch_path(project: Path, name: str) -> Path:
+    """patches/NAME, refused when it leads outside the project (a linked folder on the way)."""
+    path = Path(project) / PATCH_DIR / name
+    inside(project, path, f"{PATCH_DIR}/{name}")
+    return path
+
+
 def read_patch(project: Path, entry: Entry) -> PatchFile:
     path = Path(project) / PATCH_DIR / entry.name
+    if path.is_symlink():
+        raise SeriesError(f"{PATCH_DIR}/{entry.name} is a symbolic link; patch files must be regular files")
+    patch_path(project, entry.name)
     try:
         data = path.read_bytes()
     except FileNotFoundError:
         raise SeriesError(f"series lists {entry.name} but {PATCH_DIR}/{entry.name} does not exist") from None
     except IsADirectoryError:
         raise SeriesError(f"{PATCH_DIR}/{entry.name} is a directory, not a patch") from None
-    if path.is_symlink():
-        raise SeriesError(f"{PATCH_DIR}/{entry.name} is a symbolic link; patch files must be regular files")
     return parse_patch(entry.name, data, entry.strip)
 
 

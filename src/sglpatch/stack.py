@@ -15,7 +15,6 @@ Safety rules (never lose anything of the user's):
 from __future__ import annotations
 
 import hashlib
-import shutil
 import tempfile
 import time
 from dataclasses import dataclass
@@ -23,7 +22,7 @@ from pathlib import Path
 
 from sglpatch import upstream as up
 from sglpatch.errors import SglpatchError, say
-from sglpatch.fsutil import crashpoint, exclusive, write_if_changed
+from sglpatch.fsutil import crashpoint, exclusive, private_tmpdir, remove, tmp_prefix, write_if_changed
 from sglpatch.gitcmd import Git
 from sglpatch.lock import Lock, read_lock
 from sglpatch.series import (
@@ -35,6 +34,7 @@ from sglpatch.series import (
     Series,
     hunks_by_path,
     parse_patch,
+    patch_path,
     read_patch,
     read_series,
     slug,
@@ -152,6 +152,20 @@ def _lockfile(git: Git) -> Path:
     return git.workdir / ".git" / "sglpatch.lock"
 
 
+def guard_no_rebase(git: Git) -> None:
+    """Refuse to read or write the stack while a rebase is in progress in DIR (stopped for the
+    user, or killed half-way: its branches and the project may be half moved)."""
+    from sglpatch.rebase import state  # the rebase builds on this module
+
+    detail = state.in_progress(git)
+    if detail:
+        wd = git.workdir
+        raise SglpatchError(
+            f"a rebase is in progress in {wd} ({detail}); finish it with `sglpatch rebase --workdir {wd} --continue`, "
+            "or undo it with `--abort`, then re-run"
+        )
+
+
 def _recorded(git: Git) -> tuple[str | None, str | None]:
     val = (git.config_get(APPLIED_KEY) or "").split()
     return (val[0], val[1]) if len(val) == 2 else (None, None)
@@ -202,7 +216,7 @@ def commit_patch(git: Git, base: str, entry: Entry, patch: PatchFile, exact: boo
     """Apply patch on top of base off to the side; return the new commit (git am's message and author)."""
     if exact:
         check_exact(git, base, patch, entry.strip)
-    with tempfile.TemporaryDirectory(prefix="sglpatch-am-", dir=up.scratch_dir(git)) as tmp:
+    with tempfile.TemporaryDirectory(prefix=tmp_prefix("am"), dir=up.scratch_dir(git)) as tmp:
         tmpd = Path(tmp)
         pfile = tmpd / "patch"
         pfile.write_bytes(patch.data)
@@ -317,7 +331,8 @@ def apply(
     git = open_workdir(workdir, create=True)
     with exclusive(_lockfile(git), str(git.workdir)):
         crashpoint("apply:locked")
-        shutil.rmtree(git.workdir / ".git" / up.SCRATCH, ignore_errors=True)  # left by a killed run
+        guard_no_rebase(git)
+        up.clear_scratch(git)  # left by a killed run
         _guard_workdir(git)
         try:
             base = up.materialize(git, project.lock, source, python=python, url=url)
@@ -403,78 +418,84 @@ def format_patch(git: Git, commit: str) -> bytes:
 
 
 def export(project_root: Path, workdir: Path) -> ExportResult:
-    project_root = Path(project_root)
-    series = read_series(project_root)
     git = open_workdir(workdir, create=False)
     with exclusive(_lockfile(git), str(git.workdir)):
-        base = git.rev(up.UPSTREAM_BRANCH)
-        head = git.rev(PATCHED_BRANCH)
-        if not base or not head:
-            raise SglpatchError(f"{git.workdir} has no {up.UPSTREAM_BRANCH}/{PATCHED_BRANCH} branches; run `sglpatch apply` first")
-        dirty = git.dirty_files()
-        if dirty:
-            say(f"warning: {len(dirty)} uncommitted file(s) in {git.workdir} are not exported; commit them on {PATCHED_BRANCH} first")
-        commits = git.commits(base, head)
-        old_by_name = {e.name: e for e in series.entries}
-        old_subjects: dict[str, str] = {}
-        for e in series.entries:
-            try:
-                old_subjects[e.name] = read_patch(project_root, e).subject
-            except SglpatchError:
-                pass
-        new_entries: list[Entry] = []
-        datas: list[bytes] = []
-        used: set[str] = set()
-        for i, c in enumerate(commits):
-            data = format_patch(git, c)
-            subject = parse_patch(f"commit {c[:12]}", data).subject
-            name = None
-            if i < len(series.entries) and old_subjects.get(series.entries[i].name) == subject:
-                name = series.entries[i].name
-            if name is None or name in used:
-                name = next((n for n, s in old_subjects.items() if s == subject and n not in used), None)
-            if name is None:
-                name = f"{i + 1:04d}-{slug(subject)}.patch"
-                k = 2
-                while name in used or (name not in old_by_name and _taken(project_root / PATCH_DIR / name, data)):
-                    name = f"{i + 1:04d}-{slug(subject)}-{k}.patch"
-                    k += 1
-            used.add(name)
-            old = old_by_name.get(name)
-            if old is not None:
-                entry = Entry(name=name, strip=1, comments=old.comments, raw=old.raw if old.strip == 1 else None)
-            else:
-                entry = Entry(name=name, strip=1)
-            new_entries.append(entry)
-            datas.append(data)
-        written, unchanged = [], []
-        for k, (entry, data) in enumerate(zip(new_entries, datas), 1):
-            if write_if_changed(project_root / PATCH_DIR / entry.name, data):
-                written.append(entry.name)
-            else:
-                unchanged.append(entry.name)
-            crashpoint(f"export:patch:{k}")
-        new_series = Series(entries=new_entries, trailer=series.trailer)
-        orphan_comments = [c for e in series.entries if e.name not in used for c in e.comments]
-        if orphan_comments:
-            new_series.trailer = orphan_comments + new_series.trailer
-        # dropped patches go before the series is rewritten: a kill in between leaves the old
-        # series naming a missing file, which the next export repairs (the other order would
-        # leave an orphan that no series names)
-        removed = []
-        for e in series.entries:
-            if e.name not in used:
-                p = project_root / PATCH_DIR / e.name
-                if p.is_file():
-                    p.unlink()
-                    removed.append(e.name)
-        crashpoint("export:removed")
-        series_changed = write_if_changed(project_root / SERIES_NAME, new_series.dumps().encode())
-        crashpoint("export:series")
-        # the workdir now matches the series again
-        project = Project.load(project_root)
-        _record(git, project.digest(base), head)
-        return ExportResult(written, unchanged, removed, series_changed)
+        guard_no_rebase(git)
+        return export_locked(Path(project_root), git)
+
+
+def export_locked(project_root: Path, git: Git) -> ExportResult:
+    """export, for a caller that holds DIR's lock (the rebase's finishing step)."""
+    series = read_series(project_root)
+    for e in series.entries:  # none of them may lead outside the project (a linked folder)
+        patch_path(project_root, e.name)
+    base = git.rev(up.UPSTREAM_BRANCH)
+    head = git.rev(PATCHED_BRANCH)
+    if not base or not head:
+        raise SglpatchError(f"{git.workdir} has no {up.UPSTREAM_BRANCH}/{PATCHED_BRANCH} branches; run `sglpatch apply` first")
+    dirty = git.dirty_files()
+    if dirty:
+        say(f"warning: {len(dirty)} uncommitted file(s) in {git.workdir} are not exported; commit them on {PATCHED_BRANCH} first")
+    commits = git.commits(base, head)
+    old_by_name = {e.name: e for e in series.entries}
+    old_subjects: dict[str, str] = {}
+    for e in series.entries:
+        try:
+            old_subjects[e.name] = read_patch(project_root, e).subject
+        except SglpatchError:
+            pass
+    new_entries: list[Entry] = []
+    datas: list[bytes] = []
+    used: set[str] = set()
+    for i, c in enumerate(commits):
+        data = format_patch(git, c)
+        subject = parse_patch(f"commit {c[:12]}", data).subject
+        name = None
+        if i < len(series.entries) and old_subjects.get(series.entries[i].name) == subject:
+            name = series.entries[i].name
+        if name is None or name in used:
+            name = next((n for n, s in old_subjects.items() if s == subject and n not in used), None)
+        if name is None:
+            name = f"{i + 1:04d}-{slug(subject)}.patch"
+            k = 2
+            while name in used or (name not in old_by_name and _taken(project_root / PATCH_DIR / name, data)):
+                name = f"{i + 1:04d}-{slug(subject)}-{k}.patch"
+                k += 1
+        used.add(name)
+        old = old_by_name.get(name)
+        if old is not None:
+            entry = Entry(name=name, strip=1, comments=old.comments, raw=old.raw if old.strip == 1 else None)
+        else:
+            entry = Entry(name=name, strip=1)
+        new_entries.append(entry)
+        datas.append(data)
+    written, unchanged = [], []
+    for k, (entry, data) in enumerate(zip(new_entries, datas), 1):
+        if write_if_changed(patch_path(project_root, entry.name), data, within=project_root):
+            written.append(entry.name)
+        else:
+            unchanged.append(entry.name)
+        crashpoint(f"export:patch:{k}")
+    new_series = Series(entries=new_entries, trailer=series.trailer)
+    orphan_comments = [c for e in series.entries if e.name not in used for c in e.comments]
+    if orphan_comments:
+        new_series.trailer = orphan_comments + new_series.trailer
+    # dropped patches go before the series is rewritten: a kill in between leaves the old
+    # series naming a missing file, which the next export repairs (the other order would
+    # leave an orphan that no series names)
+    removed = []
+    for e in series.entries:
+        if e.name not in used:
+            p = patch_path(project_root, e.name)
+            if remove(p, within=project_root):
+                removed.append(e.name)
+    crashpoint("export:removed")
+    series_changed = write_if_changed(project_root / SERIES_NAME, new_series.dumps().encode(), within=project_root)
+    crashpoint("export:series")
+    # the workdir now matches the series again
+    project = Project.load(project_root)
+    _record(git, project.digest(base), head)
+    return ExportResult(written, unchanged, removed, series_changed)
 
 
 # --------------------------------------------------------------------------------------
@@ -485,6 +506,7 @@ def status(project_root: Path, workdir: Path) -> list[str]:
     project = Project.load(project_root)
     lines = [f"pin:      {project.lock.describe()}", f"series:   {len(project.patches)} patches"]
     git = open_workdir(workdir, create=False)
+    guard_no_rebase(git)
     base = git.rev(up.UPSTREAM_BRANCH)
     head = git.rev(PATCHED_BRANCH)
     lines.append(f"workdir:  {git.workdir} (on {git.current_branch() or 'detached HEAD'})")
@@ -538,9 +560,12 @@ def check(project_root: Path, workdir: Path | None = None, source: str = "sdist"
             problems.append(str(e))
 
     if workdir is not None:
-        run_on(open_workdir(workdir, create=False))
+        git = open_workdir(workdir, create=False)
+        with exclusive(_lockfile(git), str(git.workdir)):  # it may move the upstream branch
+            guard_no_rebase(git)
+            run_on(git)
     else:
-        with tempfile.TemporaryDirectory(prefix="sglpatch-check-") as tmp:
+        with private_tmpdir("check") as tmp:
             run_on(open_workdir(Path(tmp) / "w", create=True))
     return problems
 
@@ -562,12 +587,14 @@ def update_blobs(project_root: Path, workdir: Path) -> dict[str, str]:
 
     project = Project.load(project_root)
     git = open_workdir(workdir, create=False)
-    base = git.rev(up.UPSTREAM_BRANCH)
-    if not base:
-        raise SglpatchError(f"{workdir} has no {up.UPSTREAM_BRANCH} branch; run `sglpatch apply` first")
-    blobs = touched_blobs(git, base, project.patches)
-    project.lock.blobs = blobs
-    write_lock(project_root, project.lock)
+    with exclusive(_lockfile(git), str(git.workdir)):
+        guard_no_rebase(git)
+        base = git.rev(up.UPSTREAM_BRANCH)
+        if not base:
+            raise SglpatchError(f"{workdir} has no {up.UPSTREAM_BRANCH} branch; run `sglpatch apply` first")
+        blobs = touched_blobs(git, base, project.patches)
+        project.lock.blobs = blobs
+        write_lock(project_root, project.lock)
     return blobs
 
 

@@ -8,6 +8,12 @@ dry run classifies exactly what a real rebase would see.
 
 Facts about a tree or a blob that are costly to find and never change (git objects are
 immutable) are kept next to it, in ``facts/<kind>/<object id>.json`` under the cache repo.
+
+The cache is not trusted blindly (a shared CI cache, a ref moved by hand or by a bug): a cached
+commit is used for an artifact only when its message names that artifact's sha256 and it is the
+commit (and tree) recorded when that very artifact was unpacked (``facts/artifact-tree/``);
+otherwise it is unpacked again, with one line. A damaged object (a cut file) is removed with
+the cached trees that hold it, which are then unpacked again (``healing``).
 """
 
 from __future__ import annotations
@@ -15,40 +21,61 @@ from __future__ import annotations
 import json
 import os
 import re
-import tempfile
 import time
 from pathlib import Path
 
 from sglpatch import artifacts
 from sglpatch import upstream as up
 from sglpatch.errors import SglpatchError, say
-from sglpatch.gitcmd import Git
+from sglpatch.fsutil import clean_stale_tmp, crashpoint, private_tmpdir
+from sglpatch.gitcmd import Git, GitError
 from sglpatch.lock import UNKNOWN_COMMIT, Lock, LockError
 
 TREE_REF = "refs/sglpatch/trees"
 
 
 def cache_repo() -> Git:
+    clean_stale_tmp()  # what a killed watch or dry run left in TMPDIR
     path = up.cache_dir() / "trees.git"
     if not (path / "HEAD").exists():
-        path.mkdir(parents=True, exist_ok=True)
+        up.cache_subdir("trees.git")
         Git(path).run("init", "-q", "--bare")
     return Git(path)
+
+
+def cached(cg: Git, sha256: str, name: str) -> str | None:
+    """The cached commit of the artifact with this sha256, when it is bound to it: its message
+    names the sha256, and it is the commit and tree recorded when that artifact was unpacked.
+    Anything else is dropped, with one line, so that the caller unpacks the artifact again."""
+    ref = f"{TREE_REF}/{sha256}"
+    have = cg.rev(ref)
+    if not have:
+        return None
+    rc, body, _ = cg.run("cat-file", "commit", have, check=False)
+    rec = load_facts("artifact-tree", sha256)
+    if rc == 0 and f"\nsha256 {sha256}, " in body and (not rec or (rec.get("commit") == have and rec.get("tree") == cg.tree_of(have))):
+        return have
+    named = re.search(r"sha256 ([0-9a-f]{64})", body)
+    why = f"it names the artifact {named.group(1)[:12]}" if named and named.group(1) != sha256 else "it is not the one unpacked from it"
+    say(f"the tree cache's {ref} does not hold the tree of {name} ({why}); unpacking {name} again")
+    cg.run("update-ref", "-d", ref)
+    return None
 
 
 def tree_commit(cg: Git, kind: str, path: Path, sha256: str, subdir: str = "python") -> str:
     """The artifact's tree as a commit in the cache repository (built once per sha256; path
     must already be verified against sha256)."""
     ref = f"{TREE_REF}/{sha256}"
-    have = cg.rev(ref)
+    have = cached(cg, sha256, path.name)
     if have:
         return have
     t0 = time.monotonic()
     say(f"unpacking {path.name} into the tree cache (once)")
     try:
-        with tempfile.TemporaryDirectory(prefix="sglpatch-tree-") as tmp:
+        with private_tmpdir("tree") as tmp, artifacts.readable(path):
             dest = Path(tmp) / subdir
             dest.mkdir(parents=True)
+            crashpoint("treecache:unpack")
             if kind == "wheel":
                 artifacts.extract_wheel(path, dest)
             else:
@@ -56,9 +83,49 @@ def tree_commit(cg: Git, kind: str, path: Path, sha256: str, subdir: str = "pyth
             commit = up._commit_tree(cg, Path(tmp), f"{path.name}\n\nsha256 {sha256}, unpacked under {subdir}/\n")
     except OSError as e:
         raise SglpatchError(f"cannot unpack {path.name} into the tree cache: {e.strerror or e}; free space and re-run") from None
+    save_facts("artifact-tree", sha256, {"commit": commit, "tree": cg.tree_of(commit), "file": path.name})
     cg.update_ref(ref, commit, message="sglpatch: tree cache")
     say(f"cached the tree of {path.name} in {time.monotonic() - t0:.1f}s")
     return commit
+
+
+def heal(e: GitError) -> bool:
+    """When e names objects of the cache repository that git cannot read (a cut or damaged
+    file), remove them and the cached trees that hold them (unpacked again on the next use).
+    Whether anything was removed."""
+    cg = cache_repo()
+    objects = cg.workdir / "objects"
+    bad = []
+    for oid in dict.fromkeys(re.findall(r"\b[0-9a-f]{40}\b", str(e))):
+        f = objects / oid[:2] / oid[2:]
+        if f.is_file() and cg.run("cat-file", "-p", oid, check=False)[0] != 0:
+            bad.append((oid, f))
+    if not bad:
+        return False
+    refs = cg.run("for-each-ref", "--format=%(refname)", TREE_REF).split()
+    for oid, f in bad:
+        f.unlink()
+        dropped = [r for r in refs if _holds(cg, r, oid)]
+        for r in dropped:
+            cg.run("update-ref", "-d", r)
+        say(f"the tree cache {cg.workdir} had a damaged object {oid} (a cut file): removed it and the {len(dropped)} "
+            "cached tree(s) holding it; unpacking them again")
+    return True
+
+
+def _holds(cg: Git, ref: str, oid: str) -> bool:
+    rc, out, _ = cg.run("rev-list", "--objects", ref, check=False)
+    return rc != 0 or oid in out
+
+
+def healing(fn, *args, **kwargs):
+    """fn(...), once more after heal() when it fails on a damaged object of the tree cache."""
+    try:
+        return fn(*args, **kwargs)
+    except GitError as e:
+        if not heal(e):
+            raise
+    return fn(*args, **kwargs)
 
 
 def borrow(git: Git, cg: Git) -> None:
@@ -103,7 +170,7 @@ def release_tree(cg: Git, name: str, version: str, kind: str, subdir: str = "pyt
     art = artifacts.choose(name, version, kind)
     if art is None or not re.fullmatch(r"[0-9a-f]{64}", art.sha256) or (expect_sha256 and expect_sha256 != art.sha256):
         art, path = artifacts.fetch(name, version, kind, expect_sha256=expect_sha256)  # raises the one-line error
-    commit = cg.rev(f"{TREE_REF}/{art.sha256}")
+    commit = cached(cg, art.sha256, art.filename)
     meta = load_facts("artifact", art.sha256)
     if commit and {"requires_dist", "requires_python", "commit"} <= meta.keys():
         return art, commit, meta

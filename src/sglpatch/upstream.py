@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 from sglpatch.errors import SglpatchError, say
-from sglpatch.fsutil import crashpoint
+from sglpatch.fsutil import crashpoint, no_link, tmp_prefix
 from sglpatch.gitcmd import FIXED_DATE, Git, validate_ref, validate_url
 from sglpatch import artifacts
 from sglpatch.lock import UNKNOWN_COMMIT, Lock, LockError, sha256_file
@@ -38,6 +38,19 @@ def cache_dir() -> Path:
         return Path(base)
     xdg = os.environ.get("XDG_CACHE_HOME")
     return Path(xdg) / "sglpatch" if xdg else Path.home() / ".cache" / "sglpatch"
+
+
+def cache_subdir(name: str) -> Path:
+    """cache_dir()/name, made when missing; a cache that cannot be made is one line naming the fix."""
+    d = cache_dir() / name
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise SglpatchError(
+            f"cannot create the cache folder {d} ({e.strerror}); set SGLPATCH_CACHE to a folder you can write "
+            "(it holds downloaded release files and their unpacked trees)"
+        ) from None
+    return d
 
 
 # --------------------------------------------------------------------------------------
@@ -60,8 +73,7 @@ def _run_showing_lines(cmd: list[str], prefix: str) -> subprocess.CompletedProce
 
 def fetch_sdist(lock: Lock, python: str | None = None) -> Path:
     """The verified sdist tarball for lock, from the cache or downloaded with pip."""
-    cdir = cache_dir() / "sdist"
-    cdir.mkdir(parents=True, exist_ok=True)
+    cdir = cache_subdir("sdist")
     target = cdir / lock.sdist_filename
     cached_digest = None
     if target.exists():
@@ -154,19 +166,29 @@ def _safe_extract(tarball: Path, dest: Path) -> str:
 SCRATCH = "sglpatch-tmp"
 
 
+def _scratch_hint(git: Git) -> str:
+    return f"sglpatch keeps its scratch files inside {git.workdir / '.git'}: remove the link and re-run"
+
+
+def clear_scratch(git: Git) -> None:
+    """Remove the scratch files a killed run left (the caller holds DIR's lock)."""
+    d = no_link(git.workdir / ".git" / SCRATCH, _scratch_hint(git))
+    shutil.rmtree(d, ignore_errors=True)
+
+
 def scratch_dir(git: Git) -> str | None:
     """Where temporary files for this workdir go: inside its .git, so that a kill cannot leave
     anything outside the workdir (stale ones are removed by the next apply, under its lock)."""
     dotgit = git.workdir / ".git"
     if not dotgit.is_dir():
         return None
-    d = dotgit / SCRATCH
+    d = no_link(dotgit / SCRATCH, _scratch_hint(git))
     d.mkdir(exist_ok=True)
     return str(d)
 
 
 def _commit_tree(git: Git, tree_root: Path, message: str) -> str:
-    with tempfile.TemporaryDirectory(prefix="sglpatch-idx-", dir=scratch_dir(git)) as tmp:
+    with tempfile.TemporaryDirectory(prefix=tmp_prefix("idx"), dir=scratch_dir(git)) as tmp:
         env = {"GIT_INDEX_FILE": str(Path(tmp) / "index")}
         git.run("--work-tree", str(tree_root), "add", "-A", "-f", ".", env=env)
         tree = git.run("write-tree", env=env)
@@ -180,14 +202,15 @@ def _commits_match(a: str, b: str) -> bool:
 
 def build_from_sdist(git: Git, lock: Lock, python: str | None = None) -> str:
     tarball = fetch_sdist(lock, python)
-    with tempfile.TemporaryDirectory(prefix="sglpatch-sdist-", dir=scratch_dir(git)) as tmp:
+    with tempfile.TemporaryDirectory(prefix=tmp_prefix("sdist"), dir=scratch_dir(git)) as tmp:
         root = Path(tmp)
         dest = root / lock.sdist_subdir
         dest.mkdir(parents=True)
         say(f"extracting {tarball.name} under {lock.sdist_subdir}/")
         crashpoint("materialize:extract")
         try:
-            sdist_commit = _safe_extract(tarball, dest)
+            with artifacts.readable(tarball):  # a vouched-for file that is no tar.gz: one line
+                sdist_commit = _safe_extract(tarball, dest)
         except OSError as e:
             raise SglpatchError(
                 f"cannot extract {tarball.name} into {git.workdir}: {e.strerror}; free space there and re-run"
@@ -210,7 +233,7 @@ def build_from_wheel(git: Git, lock: Lock, python: str | None = None) -> str:
     art, path = artifacts.fetch(lock.name, lock.version, "wheel", python, expect_sha256=lock.sdist_sha256)
     if art.filename != lock.sdist_filename:
         raise LockError(f"upstream.lock: field sdist.filename is {lock.sdist_filename} but the index's wheel is {art.filename}")
-    with tempfile.TemporaryDirectory(prefix="sglpatch-wheel-", dir=scratch_dir(git)) as tmp:
+    with tempfile.TemporaryDirectory(prefix=tmp_prefix("wheel"), dir=scratch_dir(git)) as tmp:
         root = Path(tmp)
         say(f"extracting sglang/ of {path.name} under {lock.sdist_subdir}/")
         try:

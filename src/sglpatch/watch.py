@@ -17,7 +17,6 @@ import multiprocessing
 import os
 import re
 import sys
-import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field
@@ -26,7 +25,7 @@ from pathlib import Path
 from sglpatch import artifacts, depwatch, rebase, stack, supersede, treecache
 from sglpatch import upstream as up
 from sglpatch.errors import SglpatchError, say
-from sglpatch.fsutil import write_if_changed
+from sglpatch.fsutil import private_tmpdir, write_if_changed
 from sglpatch.gitcmd import Git
 from sglpatch.lock import UNKNOWN_COMMIT, Lock
 
@@ -224,6 +223,10 @@ def run(project_root: Path, releases: str | None = None, jobs: int | None = None
     each taking a run of consecutive releases (they share most files, so their checks share
     what they find). A release classified before with the same inputs (see _inputs) is not
     classified again unless recheck."""
+    return treecache.healing(_run, project_root, releases, jobs, recheck)  # a damaged cached object: once more
+
+
+def _run(project_root: Path, releases: str | None, jobs: int | None, recheck: bool) -> dict:
     project_root = Path(project_root).resolve()
     project = stack.Project.load(project_root)
     lock = project.lock
@@ -243,7 +246,7 @@ def run(project_root: Path, releases: str | None = None, jobs: int | None = None
         items.append((v, kind, art, onto, meta))
     jobs = max(1, min(jobs or default_jobs(), len(items)))
     say(f"classifying {len(items)} release(s) of {lock.name}" + (f" in {jobs} processes" if jobs > 1 else ""))
-    with tempfile.TemporaryDirectory(prefix="sglpatch-watch-") as tmp:
+    with private_tmpdir("watch") as tmp:
         sg = Git(Path(tmp))
         sg.run("init", "-q", "--bare")
         treecache.borrow(sg, cg)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import hashlib
 import sys
-import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -18,14 +17,14 @@ else:  # pragma: no cover
 from sglpatch import mergecheck, stack, treecache
 from sglpatch import upstream as up
 from sglpatch.errors import SglpatchError, say
-from sglpatch.fsutil import crashpoint
+from sglpatch.fsutil import crashpoint, private_tmpdir
 from sglpatch.gitcmd import Git
 from sglpatch.lock import Lock
 from sglpatch.series import PATCH_DIR, Entry, PatchFile, parse_patch, read_series
 from sglpatch.rebase.common import EXIT_HUMAN, EXIT_NOTHING, EXIT_UNATTENDED, Outcome, RESOLUTIONS_DIR, RebaseError, _table
 from sglpatch.rebase.merge import _blob, _commit_like, _conflict_regions, _failing_hunks, _three_way, _tree
 from sglpatch.rebase.upstreamed import _upstream_evidence
-from sglpatch.rebase.resolutions import Recorded, _rerere, conflict_key, read_resolutions
+from sglpatch.rebase.resolutions import Recorded, _rerere, conflict_key, lenient_resolutions, read_resolutions
 
 
 # --------------------------------------------------------------------------------------
@@ -154,15 +153,16 @@ def _load_old_patches(project_root: Path, plan: Plan) -> list[PatchFile]:
     return out
 
 
-def _run_steps(git: Git, plan: Plan, dry_run: bool) -> list[Outcome]:
-    """Go on from plan.next; returns all outcomes; stops (real rebase) at the first 'stop'."""
+def _run_steps(git: Git, plan: Plan, dry_run: bool, lenient: bool = False) -> list[Outcome]:
+    """Go on from plan.next; returns all outcomes; stops (real rebase) at the first 'stop'.
+    lenient (the watch): a resolutions folder that cannot be read is left out, with one line."""
     project_root = Path(plan.project)
     new_lock = Lock.parse(plan.new_lock, "target")
     outcomes = [Outcome(**d) for d in plan.outcomes]
     n = len(plan.names)
     if plan.next >= n:  # all classified: a resumed finish, whose project may be exported already
         return outcomes
-    recs, _ = read_resolutions(project_root, new_lock.version)
+    recs, _ = (lenient_resolutions if lenient else read_resolutions)(project_root, new_lock.version)
     patches = _load_old_patches(project_root, plan)
     while plan.next < n:
         i = plan.next
@@ -267,7 +267,7 @@ def classify(git: Git, project_root: Path, old_base: str, old_commits: list[str]
         strips=[e.strip for e in project.series.entries], sha256s=[hashlib.sha256(p.data).hexdigest() for p in project.patches],
         onto=onto, head=onto,
     )
-    outcomes = _run_steps(git, plan, dry_run=True)
+    outcomes = _run_steps(git, plan, dry_run=True, lenient=True)
     for o in outcomes:
         o.how = o.how.replace("{version}", new_lock.version)
     return outcomes
@@ -290,9 +290,13 @@ def dry_run(
 ) -> DryRunResult:
     """Classify without changing anything: work happens in a scratch repository that borrows
     DIR's objects read-only (objects/info/alternates); DIR's refs, files and config stay as they are."""
+    return treecache.healing(_dry_run, project_root, workdir, onto, source, commit, url)  # a damaged cached object: once more
+
+
+def _dry_run(project_root: Path, workdir: Path | None, onto: str, source: str, commit: str | None, url: str | None) -> DryRunResult:
     project_root = Path(project_root).resolve()
     project = stack.Project.load(project_root)
-    with tempfile.TemporaryDirectory(prefix="sglpatch-watch-") as tmp:
+    with private_tmpdir("watch") as tmp:
         scratch = Path(tmp) / "repo"
         scratch.mkdir()
         sg = Git(scratch)

@@ -12,6 +12,7 @@ else:  # pragma: no cover
     pass
 
 from sglpatch import upstream as up
+from sglpatch.fsutil import tmp_prefix
 from sglpatch.gitcmd import FIXED_DATE, Git
 from sglpatch.series import PatchFile, hunks_by_path, parse_patch
 from sglpatch.rebase.common import RebaseError
@@ -86,7 +87,7 @@ def _three_way(git: Git, head: str, old_parent: str, old_commit: str) -> tuple[b
 
 
 def _with_temp_index(git: Git, base: str, fn):
-    with tempfile.TemporaryDirectory(prefix="sglpatch-rb-", dir=up.scratch_dir(git)) as tmp:
+    with tempfile.TemporaryDirectory(prefix=tmp_prefix("rb"), dir=up.scratch_dir(git)) as tmp:
         env = {"GIT_INDEX_FILE": str(Path(tmp) / "index")}
         git.run("read-tree", base, env=env)
         return fn(env, Path(tmp))

@@ -14,7 +14,8 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-from sglpatch.fsutil import write_if_changed
+from sglpatch.errors import SglpatchError, say
+from sglpatch.fsutil import inside, write_if_changed
 from sglpatch.gitcmd import Git
 from sglpatch.rebase.common import Outcome, RESOLUTIONS_DIR, RebaseError
 from sglpatch.rebase.merge import _blob
@@ -38,17 +39,53 @@ def resolutions_dir(project: Path, version: str) -> Path:
     return Path(project) / RESOLUTIONS_DIR / version
 
 
+def _checked(project: Path, path: Path) -> Path:
+    """A file of resolutions/<version>/: a regular file inside the project, never a link."""
+    if path.is_symlink():
+        raise RebaseError(f"{path} is a symbolic link; recorded resolutions must be regular files in the project")
+    inside(project, path)
+    return path
+
+
+def _toml(project: Path, f: Path) -> dict:
+    try:
+        data = tomllib.loads(_checked(project, f).read_text(encoding="utf-8"))
+    except tomllib.TOMLDecodeError as e:
+        raise RebaseError(f"{f}: not valid TOML ({e})") from None
+    except UnicodeDecodeError as e:
+        raise RebaseError(f"{f}: not UTF-8 text (byte {e.start})") from None
+    except OSError as e:
+        raise RebaseError(f"{f}: cannot be read ({e.strerror})") from None
+    return data
+
+
+def _name(f: Path, name: str) -> str:
+    """A patch name as the series allows it (no '..', not absolute, no odd characters)."""
+    from sglpatch.series import _check_name
+
+    try:
+        _check_name(name, f"{f}: [patch.{json.dumps(name)}]")
+    except SglpatchError as e:
+        raise RebaseError(str(e)) from None
+    return name
+
+
 def read_resolutions(project: Path, version: str) -> tuple[dict[str, Recorded], dict[str, str]]:
     d = resolutions_dir(project, version)
     recs: dict[str, Recorded] = {}
     target: dict[str, str] = {}
+    if d.exists():
+        inside(project, d, f"{RESOLUTIONS_DIR}/{version}")
     f = d / "resolutions.toml"
-    if f.is_file():
-        try:
-            data = tomllib.loads(f.read_text(encoding="utf-8"))
-        except tomllib.TOMLDecodeError as e:
-            raise RebaseError(f"{f}: not valid TOML ({e})") from None
-        for name, t in (data.get("patch") or {}).items():
+    if f.is_file() or f.is_symlink():
+        data = _toml(project, f)
+        patches = data.get("patch", {})
+        if not isinstance(patches, dict):
+            raise RebaseError(f"{f}: 'patch' must be a table of [patch.\"NAME\"] tables")
+        for name, t in patches.items():
+            _name(f, name)
+            if not isinstance(t, dict):
+                raise RebaseError(f"{f}: patch {name!r} must be a table (action, patch_sha256, why)")
             action = t.get("action")
             if action not in ("replace", "drop"):
                 raise RebaseError(f"{f}: patch {name!r}: action must be 'replace' or 'drop'")
@@ -57,16 +94,15 @@ def read_resolutions(project: Path, version: str) -> tuple[dict[str, Recorded], 
             body = None
             if action == "replace":
                 pf = d / name
-                if not pf.is_file():
+                if not pf.is_file() and not pf.is_symlink():
                     raise RebaseError(f"{f}: patch {name!r} is 'replace' but {pf} is missing")
-                body = pf.read_bytes()
+                body = _checked(project, pf).read_bytes()
             recs[name] = Recorded(action, str(t.get("why", "")).strip(), t["patch_sha256"], body, str(t.get("conflict", "")), version)
     tf = d / "target.toml"
-    if tf.is_file():
-        try:
-            t = tomllib.loads(tf.read_text(encoding="utf-8")).get("target", {})
-        except tomllib.TOMLDecodeError as e:
-            raise RebaseError(f"{tf}: not valid TOML ({e})") from None
+    if tf.is_file() or tf.is_symlink():
+        t = _toml(project, tf).get("target", {})
+        if not isinstance(t, dict):
+            raise RebaseError(f"{tf}: 'target' must be a table")
         target = {k: str(v) for k, v in t.items() if k in ("version", "tag", "commit", "sdist_sha256")}
     return recs, target
 
@@ -92,8 +128,8 @@ def write_resolutions(project: Path, version: str, recs: dict[str, Recorded]) ->
         lines.append(f"why = {_toml_str(r.why)}")
         lines.append("")
         if r.action == "replace" and r.data is not None:
-            write_if_changed(d / name, r.data)
-    write_if_changed(d / "resolutions.toml", "\n".join(lines).encode())
+            write_if_changed(d / _name(d / "resolutions.toml", name), r.data, within=Path(project))
+    write_if_changed(d / "resolutions.toml", "\n".join(lines).encode(), within=Path(project))
 
 
 def conflict_key(git: Git, tree: str, files: list[str]) -> str:
@@ -126,7 +162,7 @@ def _rerere(project: Path, name: str, key: str, sha: str, o: Outcome) -> Recorde
     for d in sorted(root.iterdir()) if root.is_dir() else []:
         if not (d / "resolutions.toml").is_file():
             continue
-        rec = read_resolutions(project, d.name)[0].get(name)
+        rec = lenient_resolutions(project, d.name)[0].get(name)
         if rec is None:
             continue
         if rec.conflict == key or rec.patch_sha256 == sha and not rec.conflict:
@@ -135,3 +171,18 @@ def _rerere(project: Path, name: str, key: str, sha: str, o: Outcome) -> Recorde
     if other is not None:
         o.note = (o.note + "; " if o.note else "") + f"the recorded resolution for {other.version} is for another conflict: not used"
     return None
+
+
+_WARNED: set[str] = set()
+
+
+def lenient_resolutions(project: Path, version: str) -> tuple[dict[str, Recorded], dict[str, str]]:
+    """read_resolutions, but a folder that cannot be read is left out with one line (once per
+    folder and process): another release's folder, or the watch, must not stop at it."""
+    try:
+        return read_resolutions(project, version)
+    except SglpatchError as e:
+        if version not in _WARNED:
+            _WARNED.add(version)
+            say(f"warning: {e}; the recorded resolutions of {RESOLUTIONS_DIR}/{version}/ are not used")
+        return {}, {}

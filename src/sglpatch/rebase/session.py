@@ -3,31 +3,25 @@ and the finishing step that writes the project (patches, series, lock, CHANGELOG
 
 from __future__ import annotations
 
-import json
 import re
 import shutil
-import sys
 import tempfile
 import time
 from dataclasses import asdict
 from pathlib import Path
 
-if sys.version_info >= (3, 11):
-    pass
-else:  # pragma: no cover
-    pass
-
 from sglpatch import stack
 from sglpatch import upstream as up
 from sglpatch.errors import say
-from sglpatch.fsutil import crashpoint, exclusive, write_if_changed
+from sglpatch.fsutil import crashpoint, exclusive, journal, tmp_prefix, write_if_changed
 from sglpatch.gitcmd import Git
 from sglpatch.lock import Lock, write_lock
-from sglpatch.series import PATCH_DIR, SERIES_NAME
-from sglpatch.rebase.common import CHANGELOG, Outcome, REF_PREFIX, REPORTS_DIR, RESOLUTIONS_DIR, RebaseError, RebaseStopped, STATE_DIR, _table
+from sglpatch.series import PATCH_DIR
+from sglpatch.rebase.common import CHANGELOG, Outcome, REF_PREFIX, REPORTS_DIR, RESOLUTIONS_DIR, RebaseError, RebaseStopped, _table
 from sglpatch.rebase.merge import _commit_like, _tree
 from sglpatch.rebase.resolutions import Recorded, read_resolutions, write_resolutions
 from sglpatch.rebase.classify import Plan, _in_sync_stack, _prepare, _run_steps
+from sglpatch.rebase import state
 
 
 # --------------------------------------------------------------------------------------
@@ -35,23 +29,15 @@ from sglpatch.rebase.classify import Plan, _in_sync_stack, _prepare, _run_steps
 
 
 def _state_dir(git: Git) -> Path:
-    return git.workdir / ".git" / STATE_DIR
+    return state.state_dir(git)
 
 
 def _save(git: Git, plan: Plan) -> None:
-    write_if_changed(_state_dir(git) / "state.json", json.dumps(asdict(plan), indent=1, sort_keys=True).encode())
+    state.save(git, plan)
 
 
 def _load(git: Git) -> Plan:
-    f = _state_dir(git) / "state.json"
-    if not f.is_file():
-        if _state_dir(git).exists():  # a rebase killed before it saved its state: nothing to resume or restore
-            raise RebaseError(
-                f"no rebase to resume in {git.workdir}: one was killed before it changed anything; "
-                "re-run `sglpatch rebase --onto ...`, which clears what it left"
-            )
-        raise RebaseError(f"no rebase in progress in {git.workdir}")
-    return Plan(**json.loads(f.read_text()))
+    return state.load(git)
 
 
 def _in_progress(git: Git) -> str:
@@ -70,56 +56,6 @@ def _in_progress(git: Git) -> str:
     )
 
 
-def _managed_paths(project_root: Path, version: str, report_name: str) -> tuple[list[str], list[str]]:
-    files = [SERIES_NAME, "upstream.lock", CHANGELOG]
-    dirs = [PATCH_DIR, f"{RESOLUTIONS_DIR}/{version}", f"{REPORTS_DIR}/{report_name}"]
-    return files, dirs
-
-
-def _snapshot_project(git: Git, project_root: Path, version: str, report_name: str) -> None:
-    snap = _state_dir(git) / "project"
-    if snap.exists():
-        shutil.rmtree(snap)
-    snap.mkdir(parents=True)
-    files, dirs = _managed_paths(project_root, version, report_name)
-    present = []
-    for rel in files:
-        if (project_root / rel).is_file():
-            present.append(rel)
-    for d in dirs:
-        root = project_root / d
-        if root.is_dir():
-            present += sorted(str(p.relative_to(project_root)) for p in root.rglob("*") if p.is_file())
-    for rel in present:
-        dest = snap / "files" / rel
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(project_root / rel, dest)
-    (snap / "manifest.json").write_text(json.dumps({"files": files, "dirs": dirs, "present": present}))
-
-
-def _restore_project(git: Git, project_root: Path) -> None:
-    snap = _state_dir(git) / "project"
-    manifest = json.loads((snap / "manifest.json").read_text())
-    present = set(manifest["present"])
-    for d in manifest["dirs"]:
-        root = project_root / d
-        if root.is_dir():
-            for p in sorted(root.rglob("*"), reverse=True):
-                rel = str(p.relative_to(project_root))
-                if p.is_file() and rel not in present:
-                    p.unlink()
-                elif p.is_dir() and not any(p.iterdir()):
-                    p.rmdir()
-            if root.is_dir() and not any(root.iterdir()):
-                root.rmdir()
-    for rel in manifest["files"]:
-        if rel not in present and (project_root / rel).is_file():
-            (project_root / rel).unlink()
-    for rel in sorted(present):
-        write_if_changed(project_root / rel, (snap / "files" / rel).read_bytes())
-        shutil.copystat(snap / "files" / rel, project_root / rel)
-
-
 def _report_name(old: Lock, new: Lock) -> str:
     return f"{old.version}..{new.version}"
 
@@ -130,16 +66,19 @@ def start(
     project_root = Path(project_root).resolve()
     project = stack.Project.load(project_root)
     git = stack.open_workdir(Path(workdir), create=False)
-    state = _state_dir(git) / "state.json"
-    if state.is_file():
+    saved = _state_dir(git) / "state.json"
+    if saved.is_file():
         raise RebaseError(_in_progress(git))
+    # the whole rebase, its finishing step included, holds DIR's lock: an --abort or an export
+    # from another shell is refused instead of working on half-moved branches
     with exclusive(stack._lockfile(git), str(git.workdir)):
-        if state.is_file():
+        if saved.is_file():
             raise RebaseError(_in_progress(git))
         if _state_dir(git).exists():  # a rebase killed before it saved state.json: it had changed nothing yet
             say(f"removing {_state_dir(git)} left by a killed rebase (no state saved in it: nothing to resume)")
             shutil.rmtree(_state_dir(git))
-        shutil.rmtree(git.workdir / ".git" / up.SCRATCH, ignore_errors=True)  # left by a killed run
+        up.clear_scratch(git)  # left by a killed run
+        state.check_project(project_root, [".", PATCH_DIR, REPORTS_DIR])  # before anything: a read-only project
         dirty = git.dirty_files()
         if dirty:
             raise RebaseError(f"{git.workdir} has uncommitted changes ({', '.join(dirty[:3])}); commit and `sglpatch export`, or stash them")
@@ -160,14 +99,22 @@ def start(
             "applied": git.config_get(stack.APPLIED_KEY),
         }
         new_lock = Lock.parse(plan.new_lock, "target")
+        state.check_project(project_root, _project_dirs(plan, project.lock, new_lock))
         _state_dir(git).mkdir(parents=True, exist_ok=True)
-        _snapshot_project(git, project_root, new_lock.version, _report_name(project.lock, new_lock))
+        state.snapshot(git, project_root, new_lock.version, _report_name(project.lock, new_lock))
+        state.save_orig(git, plan.orig, project_root)
         git.update_ref(f"{REF_PREFIX}/onto", plan.onto, message="sglpatch rebase: new upstream")
         crashpoint("rebase:snapshot")
         _save(git, plan)  # from here on a rebase is in progress: --continue / --abort
         crashpoint("rebase:saved")
         _drive(git, plan)
-    return _finish(git, plan)
+        return _finish(git, plan)
+
+
+def _project_dirs(plan: Plan, old_lock: Lock, new_lock: Lock) -> list[str]:
+    """The project folders the finishing step writes in."""
+    report = f"{REPORTS_DIR}/{_report_name(old_lock, new_lock)}"
+    return [".", PATCH_DIR, report, f"{report}/dropped", f"{RESOLUTIONS_DIR}/{new_lock.version}"]
 
 
 def _drive(git: Git, plan: Plan) -> list[str]:
@@ -185,7 +132,7 @@ def _stop(git: Git, plan: Plan, o: Outcome) -> list[str]:
     data = stack.format_patch(git, plan.old_commits[i])
     git.run("checkout", "-q", "--detach", plan.head)
     crashpoint("rebase:stop:checkout")
-    with tempfile.TemporaryDirectory(prefix="sglpatch-rb-", dir=up.scratch_dir(git)) as tmp:
+    with tempfile.TemporaryDirectory(prefix=tmp_prefix("rb"), dir=up.scratch_dir(git)) as tmp:
         pf = Path(tmp) / "patch"
         pf.write_bytes(data)
         rc, out, err = git.run("apply", "--3way", "--index", f"-p{plan.strips[i]}", "--whitespace=nowarn", "--", str(pf), check=False)
@@ -212,8 +159,9 @@ def _stop(git: Git, plan: Plan, o: Outcome) -> list[str]:
 
 def continue_(workdir: Path, skip: bool = False) -> list[str]:
     git = stack.open_workdir(Path(workdir), create=False)
-    plan = _load(git)
+    _load(git)  # the one-line answer when there is nothing to continue (or its state is damaged)
     with exclusive(stack._lockfile(git), str(git.workdir)):
+        plan = _load(git)  # again, under the lock: an --abort may have ended it meanwhile
         if not plan.stopped:  # the process was killed before it stopped or finished: resume
             if git.current_branch() is None and git.head_commit() == plan.head:
                 # killed inside the stop: the half-applied patch there is ours, the stop redoes it
@@ -221,7 +169,7 @@ def continue_(workdir: Path, skip: bool = False) -> list[str]:
             _drive(git, plan)
         else:
             _resolved(git, plan, skip)
-    return _finish(git, plan)  # outside the lock: its export takes the lock itself
+        return _finish(git, plan)
 
 
 def _resolved(git: Git, plan: Plan, skip: bool) -> None:
@@ -266,9 +214,10 @@ def _resolved(git: Git, plan: Plan, skip: bool) -> None:
 
 def abort(workdir: Path) -> list[str]:
     git = stack.open_workdir(Path(workdir), create=False)
-    plan = _load(git)
-    orig = plan.orig
     with exclusive(stack._lockfile(git), str(git.workdir)):
+        if not (_state_dir(git) / "state.json").exists():
+            _load(git)  # says why there is nothing to abort
+        orig, project = state.load_orig(git)  # also when state.json is damaged
         # files first (HEAD may be detached at the new stack), then refs, then HEAD
         git.run("reset", "-q", "--hard", orig["head"])
         git.update_ref(f"refs/heads/{up.UPSTREAM_BRANCH}", orig["upstream"], message="sglpatch rebase --abort")
@@ -280,9 +229,12 @@ def abort(workdir: Path) -> list[str]:
             git.config_set(stack.APPLIED_KEY, orig["applied"])
         for ref in ("onto", "head"):
             git.run("update-ref", "-d", f"{REF_PREFIX}/{ref}", check=False)
-        _restore_project(git, Path(plan.project))
+        kept = state.restore(git, project)
         shutil.rmtree(_state_dir(git))
-    return [f"rebase aborted: {git.workdir} and {plan.project} are back as they were"]
+    lines = [f"rebase aborted: {git.workdir} and {project} are back as they were"]
+    if kept:
+        lines.append(f"kept what you changed in {project} during the rebase (the rebase did not write it): " + ", ".join(kept))
+    return lines
 
 
 def _range_diff(git: Git, plan: Plan, new_base: str, new_head: str) -> str:
@@ -344,10 +296,20 @@ def _insert_changelog(project_root: Path, section: str, before: str = "") -> Non
         new = text.rstrip("\n") + "\n\n" + section
     else:
         new = "\n".join(lines[:at]) + ("\n" if at else "") + section + "\n" + "\n".join(lines[at:])
-    write_if_changed(path, new.encode())
+    write_if_changed(path, new.encode(), within=project_root)
 
 
 def _finish(git: Git, plan: Plan) -> list[str]:
+    """The finishing step (under DIR's lock): every project folder it writes in is checked first
+    (inside the project, writable), then the branches move and the project is written, each
+    write recorded in the journal that --abort undoes."""
+    project_root = Path(plan.project)
+    state.check_project(project_root, _project_dirs(plan, Lock.parse(plan.old_lock, "old lock"), Lock.parse(plan.new_lock, "target")))
+    with journal(state.journal_file(git), project_root):
+        return _finish_journaled(git, plan)
+
+
+def _finish_journaled(git: Git, plan: Plan) -> list[str]:
     project_root = Path(plan.project)
     old_lock = Lock.parse(plan.old_lock, "old lock")
     new_lock = Lock.parse(plan.new_lock, "target")
@@ -377,7 +339,7 @@ def _finish(git: Git, plan: Plan) -> list[str]:
     for o in outcomes:
         if o.action in ("drop", "recorded-drop", "skip"):
             # from the snapshot: a killed earlier finish may have exported (removed) it already
-            write_if_changed(report_dir / "dropped" / o.name, (snap / PATCH_DIR / o.name).read_bytes())
+            write_if_changed(report_dir / "dropped" / o.name, (snap / PATCH_DIR / o.name).read_bytes(), within=project_root)
     report = [
         f"# Rebase {old_lock.describe()} -> {new_lock.describe()}",
         "",
@@ -392,8 +354,8 @@ def _finish(git: Git, plan: Plan) -> list[str]:
     ]
     for part in _split_range_diff(rd):
         report += ["```diff", part, "```", ""]
-    write_if_changed(report_dir / "report.md", ("\n".join(report) + "\n").encode())
-    write_if_changed(report_dir / "range-diff.txt", rd.encode())
+    write_if_changed(report_dir / "report.md", ("\n".join(report) + "\n").encode(), within=project_root)
+    write_if_changed(report_dir / "range-diff.txt", rd.encode(), within=project_root)
     crashpoint("rebase:finish:report")
     # 3. record hand resolutions
     if plan.hand:
@@ -418,7 +380,7 @@ def _finish(git: Git, plan: Plan) -> list[str]:
 
 def _finish_project(git, plan, outcomes, old_lock, new_lock, new_base, report_dir) -> list[str]:
     project_root = Path(plan.project)
-    res = stack.export(project_root, git.workdir)  # takes the workdir lock itself
+    res = stack.export_locked(project_root, git)  # this rebase holds DIR's lock
     crashpoint("rebase:finish:export")
     project = stack.Project.load(project_root)
     new_lock.blobs = stack.touched_blobs(git, new_base, project.patches)

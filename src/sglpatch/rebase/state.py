@@ -1,0 +1,229 @@
+"""A real rebase's state in DIR/.git/sglpatch-rebase/: the plan (state.json), where DIR and the
+project were before (orig.json), the project's files before (project/), and the journal of what
+the finishing step wrote in the project (written.json), which is what --abort undoes.
+
+    state.json     the Plan, saved after every step (--continue goes on from it)
+    orig.json      DIR's branch, HEAD, upstream, patched, applied record, and the project path
+    project/       manifest.json + files/: the project files the rebase may write, as they were
+    written.json   {path: sha256 written | null (removed)}, each entry recorded before the write
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import tempfile
+from dataclasses import asdict
+from pathlib import Path
+
+from sglpatch.fsutil import inside, no_link, read_journal, write_if_changed
+from sglpatch.gitcmd import Git
+from sglpatch.rebase.classify import Plan
+from sglpatch.rebase.common import CHANGELOG, REPORTS_DIR, RESOLUTIONS_DIR, RebaseError, STATE_DIR
+from sglpatch.series import PATCH_DIR, SERIES_NAME
+
+_TYPES = {"str": str, "int": int, "list": list, "dict": dict}
+
+
+def state_dir(git: Git) -> Path:
+    return no_link(git.workdir / ".git" / STATE_DIR, f"sglpatch keeps a rebase's state inside {git.workdir / '.git'}: remove the link and re-run")
+
+
+def journal_file(git: Git) -> Path:
+    return state_dir(git) / "written.json"
+
+
+def save(git: Git, plan: Plan) -> None:
+    write_if_changed(state_dir(git) / "state.json", json.dumps(asdict(plan), indent=1, sort_keys=True).encode())
+
+
+def _damaged(git: Git, f: Path, why: str) -> RebaseError:
+    wd = git.workdir
+    return RebaseError(
+        f"{f} is damaged ({why}): the rebase cannot go on from it; `sglpatch rebase --workdir {wd} --abort` "
+        f"puts {wd} and the project back as they were"
+    )
+
+
+def plan_from(data) -> Plan:
+    """A Plan from state.json's JSON, every key known and of its type (ValueError otherwise)."""
+    if not isinstance(data, dict):
+        raise ValueError("not a JSON object")
+    fields = {f.name: f for f in dataclasses.fields(Plan)}
+    unknown = sorted(set(data) - set(fields))
+    if unknown:
+        raise ValueError(f"unknown key {unknown[0]!r}")
+    for name, f in fields.items():
+        if name not in data:
+            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+                raise ValueError(f"missing key {name!r}")
+            continue
+        kind, _, inner = str(f.type).partition("[")
+        value = data[name]
+        if not isinstance(value, _TYPES[kind]) or isinstance(value, bool):
+            raise ValueError(f"{name} is not a {kind}")
+        item = _TYPES.get(inner.rstrip("]").split(",")[0].strip())
+        if kind == "list" and item and not all(isinstance(x, item) and not isinstance(x, bool) for x in value):
+            raise ValueError(f"{name} holds something that is not a {inner.rstrip(']')}")
+    plan = Plan(**data)
+    n = len(plan.names)
+    if len(plan.strips) != n or len(plan.sha256s) != n or len(plan.old_commits) != n or not 0 <= plan.next <= n:
+        raise ValueError("its lists do not agree with each other")
+    if plan.stopped and not (isinstance(plan.stopped.get("index"), int) and 0 <= plan.stopped["index"] < n
+                             and isinstance(plan.stopped.get("outcome"), dict) and isinstance(plan.stopped.get("files"), list)):
+        raise ValueError("its stop record is not one")
+    return plan
+
+
+def load(git: Git) -> Plan:
+    f = state_dir(git) / "state.json"
+    if not f.is_file():
+        if state_dir(git).exists():  # a rebase killed before it saved its state: nothing to resume or restore
+            raise RebaseError(
+                f"no rebase to resume in {git.workdir}: one was killed before it changed anything; "
+                "re-run `sglpatch rebase --onto ...`, which clears what it left"
+            )
+        raise RebaseError(f"no rebase in progress in {git.workdir}")
+    try:
+        text = f.read_text(encoding="utf-8")
+        return plan_from(json.loads(text))
+    except (OSError, UnicodeDecodeError) as e:
+        raise _damaged(git, f, str(e)) from None
+    except ValueError as e:
+        raise _damaged(git, f, "empty" if not text.strip() else str(e)) from None
+
+
+def in_progress(git: Git) -> str:
+    """'' when no rebase is in progress in DIR; else where it is, in a few words (a damaged
+    state raises the line that says how to get out)."""
+    if not (state_dir(git) / "state.json").exists():
+        return ""
+    plan = load(git)
+    if plan.stopped:
+        i = plan.stopped["index"]
+        return f"stopped at patch {i + 1}/{len(plan.names)} ({plan.names[i]}) for you"
+    return "its process was interrupted (killed?) before it finished"
+
+
+# --------------------------------------------------------------------------------------
+# where DIR and the project were
+
+
+def save_orig(git: Git, orig: dict, project_root: Path) -> None:
+    write_if_changed(state_dir(git) / "orig.json", json.dumps({"orig": orig, "project": str(project_root)}, indent=1).encode())
+
+
+def load_orig(git: Git) -> tuple[dict, Path]:
+    """(orig, project) for --abort: from orig.json, which a damaged state.json does not touch."""
+    f = state_dir(git) / "orig.json"
+    try:
+        data = json.loads(f.read_text())
+        if isinstance(data, dict) and isinstance(data.get("orig"), dict) and isinstance(data.get("project"), str):
+            return data["orig"], Path(data["project"])
+    except (OSError, ValueError):
+        pass
+    plan = load(git)  # a rebase started by an older sglpatch: orig is in its state
+    return plan.orig, Path(plan.project)
+
+
+# --------------------------------------------------------------------------------------
+# the project: what the rebase may write, checked before anything moves; snapshot and restore
+
+
+def managed_paths(version: str, report_name: str) -> tuple[list[str], list[str]]:
+    return [SERIES_NAME, "upstream.lock", CHANGELOG], [PATCH_DIR, f"{RESOLUTIONS_DIR}/{version}", f"{REPORTS_DIR}/{report_name}"]
+
+
+def check_project(project_root: Path, dirs: list[str]) -> None:
+    """Every folder the rebase writes in stays inside the project and can be written: checked
+    before a branch moves, so that a read-only or linked-away project stops nothing half-way."""
+    for rel in dirs:
+        path = project_root / rel
+        inside(project_root, path, f"{project_root}/{rel}")
+        probe = path
+        while not probe.exists() and probe != project_root:
+            probe = probe.parent
+        try:
+            fd, tmp = tempfile.mkstemp(prefix=".sglpatch-probe-", dir=probe)
+            os.close(fd)
+            os.unlink(tmp)
+        except OSError as e:
+            raise RebaseError(
+                f"cannot write in {probe} ({e.strerror}); the rebase writes the project {project_root} when it ends: "
+                "make it writable and re-run (no branch was moved)"
+            ) from None
+
+
+def _files_under(project_root: Path, rel: str) -> list[str]:
+    root = project_root / rel
+    if not root.is_dir() or root.is_symlink():
+        return []
+    return sorted(str(p.relative_to(project_root)) for p in root.rglob("*") if p.is_file() and not p.is_symlink())
+
+
+def snapshot(git: Git, project_root: Path, version: str, report_name: str) -> None:
+    import shutil
+
+    snap = state_dir(git) / "project"
+    if snap.exists():
+        shutil.rmtree(snap)
+    snap.mkdir(parents=True)
+    files, dirs = managed_paths(version, report_name)
+    present = [rel for rel in files if (project_root / rel).is_file() and not (project_root / rel).is_symlink()]
+    folders = set()
+    for d in dirs:
+        present += _files_under(project_root, d)
+        for p in (project_root / d, *(project_root / d).parents):
+            if p.is_dir() and p != project_root and p.is_relative_to(project_root):
+                folders.add(str(p.relative_to(project_root)))
+        if (project_root / d).is_dir():
+            folders.update(str(p.relative_to(project_root)) for p in (project_root / d).rglob("*") if p.is_dir())
+    for rel in present:
+        dest = snap / "files" / rel
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(project_root / rel, dest)
+    manifest = {"files": files, "dirs": dirs, "present": present, "folders": sorted(folders)}
+    (snap / "manifest.json").write_text(json.dumps(manifest))
+
+
+def restore(git: Git, project_root: Path) -> list[str]:
+    """Undo what the rebase wrote in the project (its journal), byte for byte, and nothing else:
+    returns what of the user's it kept (added or changed during the rebase), one entry each."""
+    import shutil
+
+    snap = state_dir(git) / "project"
+    manifest = json.loads((snap / "manifest.json").read_text())
+    present = set(manifest["present"])
+    written = read_journal(journal_file(git))
+    kept = []
+    for rel, digest in sorted(written.items()):
+        path = project_root / rel
+        inside(project_root, path.parent)
+        old = (snap / "files" / rel).read_bytes() if rel in present else None
+        cur = path.read_bytes() if path.is_file() else None
+        if cur == old:
+            continue
+        if cur is not None and (digest is None or hashlib.sha256(cur).hexdigest() != digest):
+            kept.append(f"{rel} (changed after the rebase wrote it: kept as it is)")
+        elif old is None:
+            path.unlink()
+        else:
+            write_if_changed(path, old)
+            shutil.copystat(snap / "files" / rel, path)
+    folders = set(manifest.get("folders", []))
+    for rel in sorted(written, key=lambda r: -r.count("/")):  # the folders the rebase made, now empty
+        for p in (project_root / rel).parents:
+            if p == project_root or str(p.relative_to(project_root)) in folders or not p.is_dir() or any(p.iterdir()):
+                break
+            p.rmdir()
+    for rel in manifest["files"] + [f for d in manifest["dirs"] for f in _files_under(project_root, d)]:
+        if rel in written or not (project_root / rel).is_file():
+            continue
+        if rel not in present:
+            kept.append(f"{rel} (added)")
+        elif (project_root / rel).read_bytes() != (snap / "files" / rel).read_bytes():
+            kept.append(f"{rel} (changed)")
+    kept += [f"{rel} (deleted)" for rel in sorted(present - set(written)) if not (project_root / rel).exists()]
+    return sorted(set(kept))
