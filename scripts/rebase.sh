@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Move the series onto a new SGLang release: `sglpatch rebase` with the workdir default.
 #
-#   scripts/rebase.sh --onto 0.5.10.post1 --dry-run     # upstream watch: table, exit 0/2/3
+#   scripts/rebase.sh --onto 0.5.10.post1 --dry-run     # upstream watch: table; exit 3 when a human is needed
 #   scripts/rebase.sh --onto 0.5.10.post1               # rebase (recorded resolutions replay)
 #   scripts/rebase.sh --continue | --skip | --abort
 #

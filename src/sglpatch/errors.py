@@ -2,9 +2,10 @@
 
 
 class SglpatchError(Exception):
-    """A failure the user can act on; str(e) is a single line saying what and what to do."""
+    """A failure the user can act on; str(e) is a single line saying what and what to do.
+    exit_code: one of sglpatch.exitcodes (ERROR unless said)."""
 
-    exit_code = 1
+    exit_code = 1  # exitcodes.ERROR (errors.py imports nothing)
 
     def __init__(self, message: str, exit_code: int | None = None):
         super().__init__(message)
