@@ -187,6 +187,11 @@ def find_uv() -> str | None:
 
 
 def missing_summary(st: ModuleState, shown: int = 6) -> str:
-    names = st.missing[:shown]
+    first = (st.missing_module or "").split(".")[0]
+    ordered = sorted(st.missing, key=lambda n: _norm(n) != _norm(first))  # the one the import failed on first
+    names = ordered[:shown]
     more = f" and {len(st.missing) - shown} more" if len(st.missing) > shown else ""
-    return f"{len(st.missing)} of its {st.declared} declared dependencies are not installed ({', '.join(names)}{more})"
+    how_many = "none of its" if len(st.missing) == st.declared else f"{len(st.missing)} of its"
+    verb = "is" if how_many == "none of its" else "are not"
+    failed = f"{st.error}; " if st.error else ""
+    return f"{failed}{how_many} {st.declared} declared dependencies {verb} installed ({', '.join(names)}{more} missing)"

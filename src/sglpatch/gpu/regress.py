@@ -104,7 +104,7 @@ def _run_tiers(tier, prof, prof_path, proj, report_dir, baseline, argv, stress, 
            "profile_env": prof["env"], "project": str(proj)}
     write_report(report_dir, doc, results)
     return {"status": status, "exit_code": code, "report_dir": str(report_dir),
-            "tiers": [(r.name, r.status, r.summary, r.failures) for r in results]}
+            "tiers": [(r.name, r.status, r.summary, r.failures, r.data.get("cannot_run")) for r in results]}
 
 
 DESCRIPTION = ("Run the patch tests (cpu), the allreduce kernels (kernel, >= 2 GPUs) or the patched server (server) "
@@ -160,8 +160,9 @@ def run_args(args: argparse.Namespace, prog: list[str]) -> int:
                       baseline=args.baseline, argv=argv, stress=args.stress, modes=args.modes,
                       parity_with=args.parity_with, ab=args.ab, python=args.python,
                       workdir=args.workdir or os.environ.get("SGLANG_FORK_DIR") or str(Path.home() / "sglang-fork"))
-    for name, status, summary, failures in res["tiers"]:
-        print(f"tier {name}: {status}: {summary}", *[f"  - {f}" for f in failures[:20]], sep="\n")
+    for name, status, summary, failures, why in res["tiers"]:
+        print(f"tier {name}: {status}: {summary}", *[f"  - {f}" for f in failures[:20]], *([f"  - cannot run here: {why}"] if why else []),
+              sep="\n")
     print(f"regress: {res['status']} (exit {res['exit_code']}); report: {res['report_dir']}/report.md")
     return res["exit_code"]
 
