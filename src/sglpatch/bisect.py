@@ -50,7 +50,8 @@ ENV_COMMIT = "SGLPATCH_BISECT_COMMIT"
 ENV_PATCH = "SGLPATCH_BISECT_PATCH"
 KILL_GRACE_S = 5.0  # SIGTERM to the CMD's process group, then SIGKILL after this
 SNAPSHOT_EVERY_S = 0.5  # how often the CMD's descendants are recorded while it runs
-EXIT_GOOD, EXIT_BAD, EXIT_SKIP, EXIT_ABORT = 0, 1, exitcodes.CANNOT_RUN, 255  # git bisect run: skip is "cannot run here"
+# git bisect run's CMD protocol: good, bad, skip ("cannot run here"), abort (git's own 255)
+EXIT_GOOD, EXIT_BAD, EXIT_SKIP, EXIT_ABORT = exitcodes.OK, exitcodes.ERROR, exitcodes.CANNOT_RUN, 255
 VERDICT_EXIT = {"good": EXIT_GOOD, "bad": EXIT_BAD, "skip": EXIT_SKIP}
 
 

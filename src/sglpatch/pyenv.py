@@ -29,9 +29,13 @@ print(json.dumps({"version": "%d.%d.%d" % sys.version_info[:3], "venv": sys.pref
 
 # what `import MODULE` does in that interpreter, and what its distribution declares it needs
 _MODULE = r"""
-import importlib, json, os, platform, sys
-out = {"ok": False}
+import importlib, importlib.util, json, os, platform, sys
 name = sys.argv[1]
+try:
+    found = importlib.util.find_spec(name) is not None
+except Exception:
+    found = True  # there, in some form: the import below says what is wrong
+out = {"ok": False, "found": found}
 try:
     mod = importlib.import_module(name)
     out.update(ok=True, file=getattr(mod, "__file__", "") or "", version=str(getattr(mod, "__version__", "")))
@@ -105,6 +109,7 @@ class ModuleState:
     version: str = ""
     error: str = ""
     missing_module: str | None = None  # the module an ImportError names
+    found: bool = True  # the module is there to import (it may still fail)
     dist_version: str | None = None  # the installed sglang distribution (also when the import fails)
     tree: str | None = None  # where an editable install points (direct_url.json)
     missing: list[str] = field(default_factory=list)  # its declared dependencies not installed there
@@ -112,7 +117,7 @@ class ModuleState:
 
     @property
     def not_installed(self) -> bool:
-        return not self.ok and self.missing_module == self.module
+        return not self.ok and not self.found
 
     @property
     def lacks_dependencies(self) -> bool:
@@ -128,7 +133,7 @@ def module_state(python: str, module: str = "sglang", timeout: float = 300, env:
     if out is None:
         return None
     st = ModuleState(module, bool(out.get("ok")), out.get("file", ""), out.get("version", ""), out.get("error", ""),
-                     out.get("missing"), out.get("dist_version"))
+                     out.get("missing"), bool(out.get("found", True)), out.get("dist_version"))
     url = out.get("url") or ""
     if url.startswith("file://"):
         st.tree = url[len("file://"):]

@@ -50,17 +50,17 @@ def _check_under_test(tr: TierResult, mod: str, python: str, where: str, env: di
     if st.ok:
         tr.data["under_test"] = {"module": mod, "file": st.file, "version": st.version, "python": python, "from": where}
         return True
+    if st.not_installed:
+        _cannot_run(tr, f"{mod} not installed in {python}",
+                    f"{mod} is not installed in {python} ({where}): install the patched tree first "
+                    f"(scripts/apply.sh --python {python}), or pass --python PATH")
+        return False
     if st.lacks_dependencies:
         tree = st.tree or f"<the tree {mod} is installed from>"
         cmd = pyenv.deps_command(python, tree, st.dist_version, pyenv.find_uv())
         _cannot_run(tr, f"{mod}'s dependencies missing in {python}",
                     f"{mod} does not import with {python} ({where}): {pyenv.missing_summary(st)}; install them: {cmd}; "
                     "or build a complete new venv: scripts/apply.sh --venv NEWDIR")
-        return False
-    if st.not_installed:
-        _cannot_run(tr, f"{mod} not installed in {python}",
-                    f"{mod} is not installed in {python} ({where}): install the patched tree first "
-                    f"(scripts/apply.sh --python {python}), or pass --python PATH")
         return False
     tr.fail(f"{mod} does not import with {python} ({where}): {st.error}")
     tr.summary = f"{mod} does not import"
