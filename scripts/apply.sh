@@ -54,6 +54,7 @@ while [ $# -gt 0 ]; do
     *) echo "apply.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
+PY="${PY/#\~/$HOME}"  # --python=~/ml-env/bin/python3: the shell did not expand it
 if [ -z "$PY" ]; then
   if [ -n "${VIRTUAL_ENV:-}" ] && [ -x "$VIRTUAL_ENV/bin/python3" ] && [ ! -e "$VIRTUAL_ENV/$TOOL_STAMP" ]; then PY="$VIRTUAL_ENV/bin/python3"
   elif [ -x "$HOME/ml-env/bin/python3" ]; then PY="$HOME/ml-env/bin/python3"
