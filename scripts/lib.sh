@@ -124,8 +124,7 @@ show_help() {
   usage
   echo
   echo "Options (those of \`sglpatch $1\`):"
-  tool_python
-  "$TOOL_PY" -m sglpatch "$1" --help | awk '/^exit codes/ { exit } f; /^options:/ { f = 1 }'
+  (sglpatch_cmd "$1" --help) | awk '/^exit codes/ { exit } f; /^options:/ { f = 1 }'
   exit_codes
   exit 0
 }
