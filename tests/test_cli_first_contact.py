@@ -165,19 +165,25 @@ def test_no_project_here_is_a_usage_error_for_every_command(args, tmp_path):
     assert not list(tmp_path.iterdir())
 
 
-def test_a_usage_error_is_2_and_an_interrupt_130():
+def test_a_usage_error_is_2_and_an_interrupt_130(tmp_path):
+    import signal
+    import socket
+    import time
+
     from sglpatch import exitcodes
 
     assert cli("apply", "--no-such-option").returncode == exitcodes.USAGE
-    proc = subprocess.Popen([shutil.which("sglpatch"), "watch", "--project", str(ROOT), "--releases", "0.5.10"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    import signal
-    import time
-
-    time.sleep(1.5)
-    proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=120)
-    assert proc.returncode == exitcodes.INTERRUPTED and "sglpatch: interrupted" in err, err
+    with socket.socket() as silent:  # accepts and never answers: the source probe waits on it
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        url = f"https://127.0.0.1:{silent.getsockname()[1]}/sglang"
+        proc = subprocess.Popen([shutil.which("sglpatch"), "apply", "--project", str(ROOT), "--workdir", str(tmp_path / "wd"), "--no-install",
+                                 "--upstream-url", url, "--probe-timeout", "120"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                start_new_session=True)
+        time.sleep(3)
+        os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C in a terminal: the whole foreground group, git included
+        out, err = proc.communicate(timeout=60)
+    assert proc.returncode == exitcodes.INTERRUPTED and err.strip().splitlines()[-1] == "sglpatch: interrupted", err
 
 
 # ----------------------------------------------------------------------------- tier cpu: broken import vs missing dependencies
