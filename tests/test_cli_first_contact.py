@@ -327,6 +327,6 @@ def test_readme_first_contact_says_what_where_and_what_is_needed():
 def test_readme_names_the_tool_venv_the_scripts_really_use():
     lib = (ROOT / "scripts" / "lib.sh").read_text()
     assert 'TOOL_VENV="${SGLPATCH_TOOL_VENV:-$SGLPATCH_HOME/.tool-venv}"' in lib
-    from sglpatch.cli import TOOL_VENV_STAMP
+    from sglpatch.pyenv import TOOL_VENV_STAMP
 
     assert f'TOOL_STAMP="{TOOL_VENV_STAMP}"' in lib

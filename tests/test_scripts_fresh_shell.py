@@ -182,6 +182,15 @@ def test_apply_refuses_the_systems_own_python_before_any_work(tool, home, tmp_pa
     assert not wd.exists()
 
 
+def test_the_tools_own_venv_is_never_the_serving_python(tool, home, tmp_path):
+    """`.tool-venv/bin/sglpatch apply` without --python would install into the tool's venv: refused."""
+    wd = tmp_path / "wd"
+    proc = run_fresh([tool.sglpatch, "apply", "--project", ROOT, "--workdir", wd, "--source", "sdist"], home, tool.venv)
+    assert proc.returncode == exitcodes.USAGE, proc.stdout + proc.stderr
+    assert f"{tool.venv} is the sglpatch tool's own venv, not a serving Python; pass --python PATH" in one_line(proc)
+    assert not wd.exists()
+
+
 def _packages(python: Path) -> dict:
     out = subprocess.run([python, "-m", "pip", "list", "--format=json", "--disable-pip-version-check"], capture_output=True, text=True,
                          env={"PATH": FRESH_PATH, "PIP_NO_INDEX": "1"}, check=True).stdout

@@ -9,7 +9,7 @@ import os
 import sys
 from pathlib import Path
 
-from sglpatch import __version__, exitcodes, install, newvenv, pyenv, stack, upstream
+from sglpatch import __version__, exitcodes, install, newvenv, stack, upstream
 from sglpatch.errors import SglpatchError
 from sglpatch.lock import read_lock
 
@@ -91,9 +91,6 @@ def _workdir(args) -> Path:
     return Path(args.workdir or os.environ.get("SGLANG_FORK_DIR") or Path.home() / "sglang-fork").expanduser().absolute()
 
 
-TOOL_VENV_STAMP = ".sglpatch-tool"  # scripts/lib.sh marks the tool's own venv with it
-
-
 def _project(args) -> Path:
     return Path(args.project).resolve() if getattr(args, "project", None) else stack.find_project()
 
@@ -109,12 +106,7 @@ def _cmd_apply(args) -> int:
         raise SglpatchError("--dry-run and --release-artifact go with --venv DIR", exitcodes.USAGE)
     if args.venv and args.no_install:
         raise SglpatchError("--venv DIR installs into a new venv; --no-install contradicts it", exitcodes.USAGE)
-    # the interpreter is checked before any work: a bad one is one line, not a failure after the build
-    facts = pyenv.check_python(args.python) if args.python else None
-    if not (args.venv or args.no_install):
-        if not args.python and Path(sys.prefix, TOOL_VENV_STAMP).exists():
-            raise SglpatchError(f"{sys.prefix} is the sglpatch tool's own venv, not a serving Python; pass --python PATH", exitcodes.USAGE)
-        pyenv.refuse_system_python(args.python or sys.executable, facts or pyenv.check_python(sys.executable, "this Python"))
+    install.check_target(args.python, installs=not (args.venv or args.no_install))  # before any work
     try:
         project, workdir = _project(args), _workdir(args)
         prep = None

@@ -10,13 +10,25 @@ import subprocess
 import sys
 from pathlib import Path
 
-from sglpatch import pyenv
+from sglpatch import exitcodes, pyenv
 from sglpatch.errors import SglpatchError
 from sglpatch.gitcmd import Git
 from sglpatch.pyenv import find_uv
 
 GENERATED = ("python/sglang/_version.py",)  # rewritten by setuptools-scm during the build
 INSTALLED_KEY = "sglpatch.installed-python"  # the interpreter the tree was last installed into
+
+
+def check_target(python: str | None, installs: bool) -> None:
+    """Before any work: a --python that is not a Python is a one-line usage error; the interpreter
+    to install into (python, else this one) is neither the tool's own venv nor a system Python
+    that PEP 668 closes (the install would fail only after the build)."""
+    facts = pyenv.check_python(python) if python else None
+    if not installs:
+        return
+    if not python and Path(sys.prefix, pyenv.TOOL_VENV_STAMP).exists():
+        raise SglpatchError(f"{sys.prefix} is the sglpatch tool's own venv, not a serving Python; pass --python PATH", exitcodes.USAGE)
+    pyenv.refuse_system_python(python or sys.executable, facts or pyenv.check_python(sys.executable, "this Python"))
 
 
 def record(workdir: Path, python: str) -> None:

@@ -20,6 +20,8 @@ from pathlib import Path
 from sglpatch import exitcodes
 from sglpatch.errors import SglpatchError
 
+TOOL_VENV_STAMP = ".sglpatch-tool"  # scripts/lib.sh writes it last into the tool's own venv
+
 _FACTS = r"""
 import json, os, sys, sysconfig
 stdlib = sysconfig.get_paths().get("stdlib") or ""
