@@ -1,16 +1,23 @@
 #!/usr/bin/env bash
-# The one command on the inference container: materialize the pinned SGLang, build branch
-# `patched` from the series, install it (editable, --no-deps) into your Python, and say what
-# is now imported. Safe to re-run: an up-to-date workdir makes no commit.
+# The one command on the inference container: build the pinned SGLang release with the patch
+# series applied (branch `patched` of a git workdir) and install it into the Python you serve
+# from, then say what that Python now imports. Safe to re-run: an up-to-date workdir makes no commit.
 #
 #   scripts/apply.sh [--workdir DIR] [--python PATH] [--source auto|git|sdist] [--no-install] [--force]
 #                    [--with-flashinfer] [--venv NEWDIR [--dry-run] [--release-artifact PATH] [--cuda 12.N]]
 #
-# Defaults: workdir ${SGLANG_FORK_DIR:-$HOME/sglang-fork}; python: the active venv, else
-# ~/ml-env/bin/python3 when it exists, else python3; source auto (git when the upstream URL
-# answers within a few seconds, otherwise the registry sdist).
+# What goes where:
+#   PYTHON (the serving one) gets only the patched sglang: editable, --no-deps. Its other packages
+#     stay as they are; --no-install leaves it alone entirely.
+#   The sglpatch tool runs from its own venv, ${SGLPATCH_TOOL_VENV:-<checkout>/.tool-venv}, made on first use.
+#   The tree goes to the workdir; downloads to ${SGLPATCH_CACHE:-~/.cache/sglpatch}.
 #
-# --venv NEWDIR: do not install into that python; build a NEW venv in NEWDIR from it, holding the
+# Defaults: workdir ${SGLANG_FORK_DIR:-$HOME/sglang-fork}; python: the active venv, else
+# ~/ml-env/bin/python3 when it exists, else none (pass --python, --venv or --no-install; the
+# system's own Python is refused: PEP 668); source auto (git when the upstream URL answers
+# within a few seconds, otherwise the registry sdist).
+#
+# --venv NEWDIR: do not install into PYTHON; build a NEW venv in NEWDIR from it, holding the
 # pinned release's full dependency set (its own Requires-Dist, resolved by uv or pip) and the
 # patched tree, after a preflight (NVIDIA driver vs the torch build's CUDA, wheels for the
 # Python, free disk, nvcc >= 12.9 when --with-flashinfer on SM12x) that refuses with one line
@@ -18,17 +25,17 @@
 # --cuda 12.N (offered by the preflight when the driver is below 580): the CUDA 12 builds instead,
 # from the indexes deps/cuda12.toml names, or a refusal naming the way out.
 # The tree goes to its own workdir (WORKDIR-VERSION unless --workdir is given; refused when it is
-# the tree PYTHON serves from). The tool itself runs from this checkout's .venv (created if
-# needed) unless PYTHON already has it; nothing is installed into PYTHON.
+# the tree PYTHON serves from). Without --python, PYTHON is as above, else python3.
 set -euo pipefail
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+if wants_help "$@"; then help_text; exit 0; fi
 check_values apply.sh "$@"
-HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 WORKDIR="${SGLANG_FORK_DIR:-$HOME/sglang-fork}"
 WORKDIR_GIVEN=()
 SOURCE=auto
 PY=""
 WITH_FLASHINFER=0
+NO_INSTALL=0
 VENV=""
 EXTRA=()
 while [ $# -gt 0 ]; do
@@ -44,48 +51,50 @@ while [ $# -gt 0 ]; do
     --venv=*) VENV="${1#*=}"; shift ;;
     --release-artifact|--cuda) EXTRA+=("$1" "$2"); shift 2 ;;
     --release-artifact=*|--cuda=*|--dry-run) EXTRA+=("$1"); shift ;;
-    --no-install|--force) EXTRA+=("$1"); shift ;;
-    -h|--help) usage; exit 0 ;;
+    --no-install) NO_INSTALL=1; EXTRA+=("$1"); shift ;;
+    --force) EXTRA+=("$1"); shift ;;
     *) echo "apply.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
+PY="${PY/#\~/$HOME}"  # --python=~/ml-env/bin/python3: the shell did not expand it
 if [ -z "$PY" ]; then
-  if [ -n "${VIRTUAL_ENV:-}" ] && [ -x "$VIRTUAL_ENV/bin/python3" ]; then PY="$VIRTUAL_ENV/bin/python3"
+  if [ -n "${VIRTUAL_ENV:-}" ] && [ -x "$VIRTUAL_ENV/bin/python3" ] && [ ! -e "$VIRTUAL_ENV/$TOOL_STAMP" ]; then PY="$VIRTUAL_ENV/bin/python3"
   elif [ -x "$HOME/ml-env/bin/python3" ]; then PY="$HOME/ml-env/bin/python3"
-  else PY="$(command -v python3)"; fi
+  elif [ -n "$VENV" ]; then PY="$(command -v python3 || true)"; fi
 fi
-if [ -n "$VENV" ]; then echo "apply.sh: new venv $VENV from python $PY, source $SOURCE" >&2
-else echo "apply.sh: python $PY, workdir $WORKDIR, source $SOURCE" >&2; fi
+if [ -z "$PY" ] && [ -z "$VENV" ] && [ "$NO_INSTALL" = 0 ]; then
+  echo "apply.sh: no Python to install into (no active venv, no ~/ml-env): pass --python PATH (your serving venv's python)," \
+    "--venv NEWDIR (a new, complete venv), or --no-install (only build the tree)" >&2
+  exit 2
+fi
+if [ "$WITH_FLASHINFER" = 1 ] && [ "$NO_INSTALL" = 1 ]; then
+  echo "apply.sh: --with-flashinfer installs flashinfer into PYTHON; --no-install contradicts it" >&2
+  exit 2
+fi
+PY_ARG=(); [ -n "$PY" ] && PY_ARG=(--python "$PY")
 
-UV="$(command -v uv || true)"; [ -z "$UV" ] && [ -x "$HOME/.local/bin/uv" ] && UV="$HOME/.local/bin/uv"
-pip_install() {  # installs into $PY with uv when available (the user's habit), else pip
-  if [ -n "$UV" ]; then "$UV" pip install --python "$PY" "$@"; else "$PY" -m pip install "$@"; fi
-}
 if [ -n "$VENV" ]; then
-  # a new venv: PYTHON is only the interpreter it is made from; nothing is installed into it
-  TOOL="$PY"
-  if ! "$TOOL" -c "import sglpatch" 2>/dev/null; then
-    TOOL="$HERE/.venv/bin/python"
-    if ! [ -x "$TOOL" ] || ! "$TOOL" -c "import sglpatch" 2>/dev/null; then
-      echo "apply.sh: installing the sglpatch tool into $HERE/.venv (not into $PY)" >&2
-      if [ -n "$UV" ]; then "$UV" venv -q --allow-existing --python "$PY" "$HERE/.venv"; else "$PY" -m venv "$HERE/.venv"; fi
-      if [ -n "$UV" ]; then "$UV" pip install -q --python "$TOOL" -e "$HERE"; else "$TOOL" -m pip install -q -e "$HERE"; fi
-    fi
-  fi
+  echo "apply.sh: new venv $VENV from python ${PY:-python3}, source $SOURCE" >&2
   [ "$WITH_FLASHINFER" = 1 ] && EXTRA+=(--with-flashinfer)
+  tool_python
   # without --workdir the tree goes to WORKDIR-VERSION: the serving venv's editable tree stays as it is
-  exec "$TOOL" -m sglpatch.cli apply --project "$HERE" ${WORKDIR_GIVEN[@]+"${WORKDIR_GIVEN[@]}"} --source "$SOURCE" --python "$PY" --venv "$VENV" ${EXTRA[@]+"${EXTRA[@]}"}
+  exec "$TOOL_PY" -m sglpatch apply --project "$SGLPATCH_HOME" ${WORKDIR_GIVEN[@]+"${WORKDIR_GIVEN[@]}"} --source "$SOURCE" \
+    ${PY_ARG[@]+"${PY_ARG[@]}"} --venv "$VENV" ${EXTRA[@]+"${EXTRA[@]}"}
 fi
-if ! "$PY" -c "import sglpatch" 2>/dev/null; then
-  echo "apply.sh: installing the sglpatch tool into $PY" >&2
-  pip_install -q -e "$HERE"
-fi
-"$PY" -m sglpatch.cli apply --project "$HERE" --workdir "$WORKDIR" --source "$SOURCE" --python "$PY" ${EXTRA[@]+"${EXTRA[@]}"}
+if [ "$NO_INSTALL" = 1 ]; then echo "apply.sh: workdir $WORKDIR, source $SOURCE; --no-install: nothing is installed anywhere" >&2
+else echo "apply.sh: python $PY (gets only the patched sglang), workdir $WORKDIR, source $SOURCE" >&2; fi
+tool_python
+"$TOOL_PY" -m sglpatch apply --project "$SGLPATCH_HOME" --workdir "$WORKDIR" --source "$SOURCE" \
+  ${PY_ARG[@]+"${PY_ARG[@]}"} ${EXTRA[@]+"${EXTRA[@]}"}
 
 if [ "$WITH_FLASHINFER" = 1 ]; then
   # P1 (opt-in SM120 allreduce fusion) needs flashinfer >= 0.6.17; docs/p1-flashinfer-sm120.md
   # says why and what was (statically) checked. Not a drop-in: 0.6.17 refuses to import beside
   # flashinfer-cubin 0.6.3, and its SM12x JIT needs nvcc >= 12.9 at server run time.
+  UV="$(command -v uv || true)"; [ -z "$UV" ] && [ -x "$HOME/.local/bin/uv" ] && UV="$HOME/.local/bin/uv"
+  pip_install() {  # into $PY with uv when available (the user's habit), else pip
+    if [ -n "$UV" ]; then "$UV" pip install --python "$PY" "$@"; else "$PY" -m pip install "$@"; fi
+  }
   echo "apply.sh: installing flashinfer-python==0.6.17 for P1 (rollback: flashinfer-python==0.6.3 flashinfer-cubin==0.6.3)" >&2
   pip_install "flashinfer-python==0.6.17"
   for pkg in flashinfer-cubin flashinfer-jit-cache; do

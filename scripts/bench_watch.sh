@@ -5,14 +5,14 @@
 #   C  a single-release dry run: `sglpatch rebase --onto 0.5.23 --dry-run --source wheel`
 # with the load average (uptime) before each round: other work on the machine shows in the figures.
 #   scripts/bench_watch.sh [N] > results/watch-timing.md      (N: rounds, default 3)
-# Environment: RELEASES (default 0.5.10..0.5.23), ONTO (default 0.5.23), PYTHON (default python3).
+# Environment: RELEASES (default 0.5.10..0.5.23), ONTO (default 0.5.23), PYTHON (default: the tool's venv).
 set -euo pipefail
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
-if [[ "${1:-}" == -h || "${1:-}" == --help ]]; then usage; exit 0; fi
+if [[ "${1:-}" == -h || "${1:-}" == --help ]]; then help_text; exit 0; fi
 if [[ -n "${1:-}" && ! "$1" =~ ^[1-9][0-9]*$ ]]; then echo "bench_watch.sh: N must be a positive number (see --help)" >&2; exit 2; fi
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-N="${1:-3}"; RELEASES="${RELEASES:-0.5.10..0.5.23}"; ONTO="${ONTO:-0.5.23}"; PY="${PYTHON:-python3}"
-export PYTHONPATH="$HERE/src${PYTHONPATH:+:$PYTHONPATH}"
+N="${1:-3}"; RELEASES="${RELEASES:-0.5.10..0.5.23}"; ONTO="${ONTO:-0.5.23}"
+if [ -n "${PYTHON:-}" ]; then PY="$PYTHON"; export PYTHONPATH="$HERE/src${PYTHONPATH:+:$PYTHONPATH}"; else tool_python; PY="$TOOL_PY"; fi
 TMP="$(mktemp -d)"; trap 'rm -rf "$TMP"' EXIT
 sgl() { "$PY" -m sglpatch "$@"; }
 now() { date +%s.%N; }

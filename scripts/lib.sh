@@ -1,8 +1,25 @@
 # Shared by the scripts/*.sh entry points (sourced, not run): usage text, option checks, and
-# how to reach the sglpatch command line.
+# how to reach the sglpatch tool: its own venv, ${SGLPATCH_TOOL_VENV:-<checkout>/.tool-venv},
+# created on first use (and refreshed when pyproject.toml changes). The tool and its
+# dependencies go there and nowhere else; no script needs an active venv.
+
+SGLPATCH_HOME="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+ME="$(basename "$0")"
+TOOL_VENV="${SGLPATCH_TOOL_VENV:-$SGLPATCH_HOME/.tool-venv}"
+case "$TOOL_VENV" in /*) ;; *) TOOL_VENV="$PWD/$TOOL_VENV" ;; esac
+TOOL_STAMP=".sglpatch-tool"  # written last into the venv; sglpatch.pyenv.TOOL_VENV_STAMP is the same name
 
 # The comment block at the top of the calling script, without the '#'.
 usage() { awk 'NR == 1 { next } /^#/ { sub(/^# ?/, ""); print; next } { exit }' "$0"; }
+
+# The exit-code table (sglpatch.exitcodes, standard library only: any python3 prints it).
+exit_codes() {
+  PYTHONPATH="$SGLPATCH_HOME/src" python3 -m sglpatch.exitcodes 2>/dev/null \
+    || echo "exit codes: see README.md (Exit codes)"
+}
+
+# help_text: the usage, then the exit codes.
+help_text() { usage; echo; exit_codes; }
 
 # wants_help ARGS...: -h/--help before a lone "--" (what follows "--" is another command's).
 wants_help() {
@@ -15,7 +32,8 @@ wants_help() {
 }
 
 # check_values NAME ARGS...: every option that takes a value has one (not missing, not empty,
-# not the next option), before a lone "--"; else one line on stderr and exit 2.
+# not the next option), and a --python is a Python, before a lone "--"; else one line on
+# stderr and exit 2.
 VALUE_OPTS=" --workdir --project --python --source --onto --commit --upstream-url --profile --report \
 --baseline --tier --good --bad --timeout --on-timeout --log-dir --installer --probe-timeout --venv --release-artifact \
 --releases --json --markdown --jobs --ab --cuda "
@@ -27,26 +45,86 @@ check_values() {
       echo "$me: $1 needs a value (see $me --help)" >&2
       exit 2
     fi
+    case "$1" in
+      --python) check_python "$me" "$2" ;;
+      --python=*) check_python "$me" "${1#*=}" ;;
+    esac
     shift
   done
 }
 
-# sglpatch_cmd ARGS...: exec the console script when installed, else this checkout's package
-# (exec: signals such as Ctrl-C and SIGTERM reach sglpatch itself).
-sglpatch_cmd() {
-  if command -v sglpatch >/dev/null 2>&1; then
-    exec sglpatch "$@"
-  fi
-  PYTHONPATH="$SGLPATCH_HOME/src${PYTHONPATH:+:$PYTHONPATH}" exec "${PYTHON:-python3}" -m sglpatch "$@"
+# check_python NAME PATH: PATH runs as a Python interpreter; else one line and exit 2.
+check_python() {
+  local me="$1" py="${2/#\~/$HOME}" why=""
+  if [[ "$py" != */* ]]; then py="$(command -v "$py" || true)"; fi
+  if [ -z "$py" ] || [ ! -e "$py" ]; then why="no such file"
+  elif [ -d "$py" ] || [ ! -x "$py" ]; then why="not an executable file"
+  elif ! "$py" -c 'import sys' >/dev/null 2>&1; then why="does not run as a Python interpreter"; fi
+  if [ -n "$why" ]; then echo "$me: --python $2: $why (see $me --help)" >&2; exit 2; fi
 }
 
-# show_help SUBCOMMAND: this script's usage, then the options of `sglpatch SUBCOMMAND`.
+_tool_key() { echo "$SGLPATCH_HOME $(sha256sum < "$SGLPATCH_HOME/pyproject.toml" | cut -d' ' -f1)"; }
+
+_tool_ready() {
+  [ -x "$TOOL_VENV/bin/python" ] && [ "$(cat "$TOOL_VENV/$TOOL_STAMP" 2>/dev/null)" = "$1" ] \
+    && "$TOOL_VENV/bin/python" -c '' 2>/dev/null
+}
+
+# tool_python: TOOL_PY is the tool venv's python; the venv is created or refreshed first when
+# needed (once: progress on stderr). Cannot be set up: one line, exit 125 (no usable python3)
+# or 1 (the install failed, its own output above).
+tool_python() {
+  local key base uv
+  key="$(_tool_key)"
+  TOOL_PY="$TOOL_VENV/bin/python"
+  _tool_ready "$key" && return 0
+  base="$(command -v python3 || true)"
+  if [ -z "$base" ] || ! "$base" -c 'import sys; sys.exit(sys.version_info < (3, 10))' 2>/dev/null; then
+    echo "$ME: the sglpatch tool needs python3 >= 3.10 on PATH (found: ${base:-none}${base:+ $("$base" -V 2>&1)})" >&2
+    exit 125
+  fi
+  mkdir -p "$TOOL_VENV"
+  exec 9>"$TOOL_VENV/.lock"
+  command -v flock >/dev/null && flock 9  # another script may be setting it up right now
+  if _tool_ready "$key"; then exec 9>&-; return 0; fi
+  echo "$ME: setting up the sglpatch tool in $TOOL_VENV (first use; its dependencies go there only)" >&2
+  uv="$(command -v uv || { [ -x "$HOME/.local/bin/uv" ] && echo "$HOME/.local/bin/uv"; } || true)"
+  if ! "$base" -m venv "$TOOL_VENV" >/dev/null 2>&1; then
+    if [ -z "$uv" ] || ! "$uv" venv -q --allow-existing --python "$base" "$TOOL_VENV"; then
+      echo "$ME: cannot create the venv $TOOL_VENV: '$base -m venv' failed (Debian/Ubuntu: apt-get install python3-venv) and no uv was found" >&2
+      exit 1
+    fi
+  fi
+  if "$TOOL_PY" -m pip --version >/dev/null 2>&1; then
+    "$TOOL_PY" -m pip install -q --disable-pip-version-check -e "$SGLPATCH_HOME" "pytest>=8" || {
+      echo "$ME: installing the tool's dependencies into $TOOL_VENV failed (see above): the package index must be reachable; re-run then" >&2
+      exit 1
+    }
+  elif [ -n "$uv" ]; then
+    "$uv" pip install -q --python "$TOOL_PY" -e "$SGLPATCH_HOME" "pytest>=8" || {
+      echo "$ME: installing the tool's dependencies into $TOOL_VENV failed (see above): the package index must be reachable; re-run then" >&2
+      exit 1
+    }
+  else
+    echo "$ME: the venv $TOOL_VENV has no pip and no uv was found: install python3-venv (Debian/Ubuntu) or uv" >&2
+    exit 1
+  fi
+  echo "$key" > "$TOOL_VENV/$TOOL_STAMP"
+  exec 9>&-
+}
+
+# sglpatch_cmd ARGS...: exec the tool from its venv (exec: Ctrl-C and SIGTERM reach sglpatch itself).
+sglpatch_cmd() {
+  tool_python
+  exec "$TOOL_PY" -m sglpatch "$@"
+}
+
+# show_help SUBCOMMAND: this script's usage, the options of `sglpatch SUBCOMMAND`, the exit codes.
 show_help() {
   usage
   echo
   echo "Options (those of \`sglpatch $1\`):"
-  (sglpatch_cmd "$1" --help) | awk 'f; /^options:/ { f = 1 }'
+  (sglpatch_cmd "$1" --help) | awk '/^exit codes/ { exit } f; /^options:/ { f = 1 }'
+  exit_codes
   exit 0
 }
-
-SGLPATCH_HOME="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"

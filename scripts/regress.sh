@@ -7,7 +7,8 @@
 #
 # Profile: --profile, else $SGLPATCH_PROFILE, else rtx6000x8-kimi-k25; --report DIR, else
 # $SGLPATCH_REGRESS_DIR/<UTC time> when that is set, else ./regress-<UTC time>.
-# Exit: 0 pass, 1 regression, 125 cannot run here (git bisect run skips).
+# The Python under test: --python PATH, else (cpu tier) the one apply.sh installed the workdir
+# into, else the profile's. Exit: 0 pass, 1 regression, 125 cannot run here (git bisect run skips).
 set -euo pipefail
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 if wants_help "$@"; then show_help regress; fi
@@ -20,7 +21,4 @@ if ! have --project; then args+=(--project "$SGLPATCH_HOME"); fi  # this checkou
 if ! have --report && [[ -n "${SGLPATCH_REGRESS_DIR:-}" ]]; then
   args+=(--report "$SGLPATCH_REGRESS_DIR/$(date -u +%Y%m%d-%H%M%S)")
 fi
-if command -v sglpatch >/dev/null 2>&1; then
-  exec sglpatch regress "${args[@]}"
-fi
-PYTHONPATH="$SGLPATCH_HOME/src${PYTHONPATH:+:$PYTHONPATH}" exec "${PYTHON:-python3}" -m sglpatch.gpu.regress "${args[@]}"
+sglpatch_cmd regress "${args[@]}"

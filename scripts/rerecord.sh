@@ -10,14 +10,15 @@
 # A port is re-applied as it is: if the pinned patch gained behaviour, port it by hand.
 set -euo pipefail
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
-if wants_help "$@"; then usage; exit 0; fi
+if wants_help "$@"; then help_text; exit 0; fi
 check_values rerecord.sh "$@"
 [[ $# -ge 1 && "$1" != -* ]] || { echo "rerecord.sh: give the release to re-record, e.g. 0.5.23 (see rerecord.sh --help)" >&2; exit 2; }
 ver="$1"; shift
 here="$SGLPATCH_HOME"
 project="$here"
 [[ "${1:-}" == "--project" ]] && project="$(cd "$2" && pwd)"
-sp() { PYTHONPATH="$here/src${PYTHONPATH:+:$PYTHONPATH}" "${PYTHON:-python3}" -m sglpatch.cli "$@"; }
+tool_python
+sp() { "$TOOL_PY" -m sglpatch "$@"; }
 res="$project/resolutions/$ver"
 [[ -f "$res/resolutions.toml" ]] || { echo "rerecord: no $res/resolutions.toml" >&2; exit 1; }
 tmp="$(mktemp -d)"; trap 'rm -rf "$tmp"' EXIT
@@ -27,7 +28,7 @@ cp -r "$res" "$tmp/saved"
 # without this release's records the rebase stops at every conflict, so each port is recorded
 # as a hand resolution, keyed by the conflict it resolves (the pin in target.toml stays)
 rm -f "$tmp/project/resolutions/$ver/resolutions.toml" "$tmp/project/resolutions/$ver/"*.patch
-drops="$("${PYTHON:-python3}" -c 'import sys,tomllib; d=tomllib.load(open(sys.argv[1],"rb"))["patch"]; print(" ".join(n for n,r in d.items() if r["action"]=="drop"))' "$res/resolutions.toml")"
+drops="$("$TOOL_PY" -c 'import sys,tomllib; d=tomllib.load(open(sys.argv[1],"rb"))["patch"]; print(" ".join(n for n,r in d.items() if r["action"]=="drop"))' "$res/resolutions.toml")"
 sp apply --project "$tmp/project" --workdir "$tmp/wd" --source sdist --no-install >/dev/null
 set +e; out="$(sp rebase --project "$tmp/project" --workdir "$tmp/wd" --onto "$ver" 2>&1)"; rc=$?; set -e
 while [[ $rc == 3 ]]; do
@@ -47,7 +48,7 @@ while [[ $rc == 3 ]]; do
 done
 [[ $rc == 0 ]] || { echo "$out" >&2; exit "$rc"; }
 new="$tmp/project/resolutions/$ver"
-"${PYTHON:-python3}" - "$tmp/saved" "$new" <<'EOF'
+"$TOOL_PY" - "$tmp/saved" "$new" <<'EOF'
 import json, re, sys, tomllib
 from pathlib import Path
 saved, new = Path(sys.argv[1]), Path(sys.argv[2])

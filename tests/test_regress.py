@@ -176,12 +176,14 @@ def test_cpu_tier_counts_and_fails(tmp_path):
     assert "1 passed" in (tmp_path / "r2" / "report.md").read_text()
 
 
-def test_cpu_tier_fails_when_patched_tree_not_installed(tmp_path):
+def test_cpu_tier_cannot_run_when_patched_tree_not_installed(tmp_path):
+    """Not installed at all: cannot run here (bisect skips), with the command that installs it."""
     proj = make_project(tmp_path, '[cpu]\nimport_check = "no_such_module_sglpatch"\n')
     (proj / "tests" / "patches" / "test_p.py").write_text("def test_ok(): pass\n")
     res = regress.run_regress("cpu", "t", str(tmp_path / "r"), str(proj))
-    assert res["exit_code"] == 1
-    assert "does not import" in res["tiers"][0][3][0]
+    assert res["exit_code"] == 125 and res["tiers"][0][1] == "cannot_run"
+    report = (tmp_path / "r" / "report.md").read_text()
+    assert "no_such_module_sglpatch is not installed in" in report and "scripts/apply.sh --python" in report
 
 
 # ----------------------------------------------------------------------------- scripts
@@ -211,7 +213,8 @@ def test_gpu_suite_sees_the_series_side_only_through_series_side():
 
     series_side = {"sglpatch.stack", "sglpatch.series", "sglpatch.lock", "sglpatch.upstream", "sglpatch.rebase",
                    "sglpatch.bisect", "sglpatch.gitcmd", "sglpatch.cli", "sglpatch.install", "sglpatch.watch"}
-    allowed = {"sglpatch.errors", "sglpatch.proctree", "sglpatch.preflight"}  # standard library only, the box's facts
+    allowed = {"sglpatch.errors", "sglpatch.proctree", "sglpatch.preflight", "sglpatch.exitcodes",
+               "sglpatch.pyenv"}  # standard library only, the box's facts
     for path in (ROOT / "src" / "sglpatch" / "gpu").glob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
             names = []

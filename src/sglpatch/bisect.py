@@ -38,7 +38,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from sglpatch import proctree
+from sglpatch import exitcodes, proctree
 from sglpatch.errors import SglpatchError
 from sglpatch.fsutil import exclusive
 from sglpatch.gitcmd import Git, validate_ref
@@ -50,7 +50,8 @@ ENV_COMMIT = "SGLPATCH_BISECT_COMMIT"
 ENV_PATCH = "SGLPATCH_BISECT_PATCH"
 KILL_GRACE_S = 5.0  # SIGTERM to the CMD's process group, then SIGKILL after this
 SNAPSHOT_EVERY_S = 0.5  # how often the CMD's descendants are recorded while it runs
-EXIT_GOOD, EXIT_BAD, EXIT_SKIP, EXIT_ABORT = 0, 1, 125, 255
+# git bisect run's CMD protocol: good, bad, skip ("cannot run here"), abort (git's own 255)
+EXIT_GOOD, EXIT_BAD, EXIT_SKIP, EXIT_ABORT = exitcodes.OK, exitcodes.ERROR, exitcodes.CANNOT_RUN, 255
 VERDICT_EXIT = {"good": EXIT_GOOD, "bad": EXIT_BAD, "skip": EXIT_SKIP}
 
 
@@ -116,7 +117,7 @@ class BisectResult:
     @property
     def exit_code(self) -> int:
         """0 when a conclusion was reached, 1 when skips/timeouts left it open."""
-        return 0 if self.outcome in ("found", "upstream", "no-regression") else 1
+        return exitcodes.OK if self.outcome in ("found", "upstream", "no-regression") else exitcodes.ERROR
 
 
 def run_bound(n: int) -> int:
@@ -585,7 +586,7 @@ def run(
         if interrupted or result is None:
             raise BisectError(
                 f"interrupted after {len(steps)} run(s) of CMD; {git.workdir} is back on {PATCHED_BRANCH}, clean; step logs in {log_dir}",
-                exit_code=130,
+                exit_code=exitcodes.INTERRUPTED,
             )
         result.log_dir = log_dir
         (log_dir / "report.txt").write_text("\n".join(format_report(result)) + "\n")

@@ -9,7 +9,7 @@ import os
 import sys
 from pathlib import Path
 
-from sglpatch import __version__, install, newvenv, stack, upstream
+from sglpatch import __version__, exitcodes, install, newvenv, stack, upstream
 from sglpatch.errors import SglpatchError
 from sglpatch.lock import read_lock
 
@@ -31,17 +31,23 @@ def _add_workdir(p: argparse.ArgumentParser) -> None:
 
 
 DESCRIPTION = """\
-Maintain SGLang as a quilt-compatible patch series on a pinned upstream release: build
-the patched tree in a git workdir (default ~/sglang-fork) and install it into your Python,
-write your commits there back to patches/, rebase the series onto a new release, bisect a
-regression down to one patch, and regression-test on the GPUs.
+Keep a patched SGLang as a patch series (patch files, in order) on one pinned SGLang release. Build
+the patched tree in a git workdir (default ~/sglang-fork) and install it into your Python;
+write your commits there back to patches/; move the series onto a new release; find the
+patch that broke something; regression-test on the GPUs.
 
 Start with `scripts/apply.sh` (or `sglpatch apply`); `sglpatch COMMAND --help` shows a
 command's options; README.md has the workflow."""
 
 
 class _Help(argparse.HelpFormatter):
-    """Wrapped help that shows an option's default, unless it is empty or the help says it."""
+    """Wrapped help that shows an option's default, unless it is empty or the help says it;
+    a text of several lines (the exit-code table) is shown as written."""
+
+    def _fill_text(self, text, width, indent):
+        if "\n" in text:
+            return "".join(indent + line + "\n" for line in text.splitlines())
+        return super()._fill_text(text, width, indent)
 
     def _get_help_string(self, action):
         text = action.help or ""
@@ -51,7 +57,8 @@ class _Help(argparse.HelpFormatter):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="sglpatch", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog="sglpatch", description=DESCRIPTION, epilog=exitcodes.epilog(),
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"sglpatch {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -74,9 +81,10 @@ def build_parser() -> argparse.ArgumentParser:
     # --- rebase (owner: rebase helper) -------------------------------------
     _add_rebase(sub)
     _add_watch(sub)
-    for action in sub._choices_actions:  # every command: defaults shown, its summary on top
+    for action in sub._choices_actions:  # every command: defaults shown, its summary on top, the exit codes below
         p = sub.choices[action.dest]
         p.formatter_class = _Help
+        p.epilog = exitcodes.epilog()
         if p.description is None:
             p.description = action.help
     return parser
@@ -98,9 +106,10 @@ def _os_error(e: OSError) -> SglpatchError:
 
 def _cmd_apply(args) -> int:
     if (args.dry_run or args.release_artifact or args.cuda) and not args.venv:
-        raise SglpatchError("--dry-run, --release-artifact and --cuda go with --venv DIR")
+        raise SglpatchError("--dry-run, --release-artifact and --cuda go with --venv DIR", exitcodes.USAGE)
     if args.venv and args.no_install:
-        raise SglpatchError("--venv DIR installs into a new venv; --no-install contradicts it")
+        raise SglpatchError("--venv DIR installs into a new venv; --no-install contradicts it", exitcodes.USAGE)
+    install.check_target(args.python, installs=not (args.venv or args.no_install))  # before any work
     try:
         project, workdir = _project(args), _workdir(args)
         prep = None
@@ -135,11 +144,7 @@ def _cmd_apply(args) -> int:
         elif not args.no_install:
             print(install.install(workdir, python=args.python, installer=args.installer, version=read_lock(project).version))
             py = args.python or sys.executable
-            have = install.installed_sglang(py)
-            if have:
-                print(f"{py} imports sglang {have[1]} from {have[0]}")
-            else:
-                print(f"warning: {py} cannot import sglang yet (its dependencies may be missing)")
+            print("\n".join(install.report(py, workdir, read_lock(project).version)))
         patches = stack.carried(project, workdir)
         print(f"{workdir} (branch patched) carries {len(patches)} patches:")
         for line in patches:
@@ -215,8 +220,8 @@ def _add_core(sub) -> None:
     )
     p.add_argument("--upstream-url", help="override upstream.url (a mirror); https, ssh or file URLs only")
     p.add_argument("--probe-timeout", type=float, default=8.0, help="seconds --source auto waits for the git URL")
-    p.add_argument("--no-install", action="store_true", help="do not pip-install the patched tree")
-    p.add_argument("--python", help="interpreter to install into (default: this one)")
+    p.add_argument("--no-install", action="store_true", help="only build the tree: nothing is installed anywhere")
+    p.add_argument("--python", help="interpreter to install into, a venv's (default: this one; refused when it is the system's, PEP 668)")
     p.add_argument("--installer", choices=["auto", "pip", "uv"], default="auto", help="auto: uv when found, else pip")
     p.add_argument("--force", action="store_true", help="rebuild even over unexported commits (kept as a backup ref)")
     p.add_argument(
@@ -336,7 +341,7 @@ def _add_bisect(sub) -> None:
 
         cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
         if not cmd:
-            raise SglpatchError("no command given; usage: sglpatch bisect [options] -- CMD [ARGS...]")
+            raise SglpatchError("no command given; usage: sglpatch bisect [options] -- CMD [ARGS...]", exitcodes.USAGE)
         project = Path(args.project).resolve() if args.project else None
         result = bisect.run(
             _workdir(args), cmd, good=args.good, bad=args.bad, timeout=args.timeout, triage=args.triage,
@@ -353,9 +358,9 @@ def _add_rebase(sub) -> None:
     p = sub.add_parser(
         "rebase",
         help="move the series onto a new upstream release (classify, 3-way, resumable, recorded resolutions)",
-        description="Exit codes: 0 done / every patch applies exactly (dry run); 2 (dry run) work that the rebase "
-        "does unattended; 3 a human is needed (a conflict without a recorded resolution; a real rebase stops "
-        "resumably); 1 an error.",
+        description="Move the series onto a new upstream release: classify every patch, merge 3-way, replay recorded "
+        "resolutions, stop resumably at a conflict. --dry-run (the upstream watch) exits 0 when the rebase would "
+        "need nobody (also for work it does unattended) and 3 when a human is needed.",
     )
     _add_workdir(p)
     p.add_argument("--onto", metavar="VERSION|TAG|COMMIT", help="target release: 0.5.10.post1, v0.5.10.post1, or a tagged commit (git)")
@@ -380,7 +385,7 @@ def _add_rebase(sub) -> None:
     def go(args, rebase) -> int:
         if args.cont or args.skip or args.abort:
             if args.onto:
-                raise SglpatchError("--onto goes with a new rebase, not with --continue/--skip/--abort")
+                raise SglpatchError("--onto goes with a new rebase, not with --continue/--skip/--abort", exitcodes.USAGE)
             if args.abort:
                 lines = rebase.abort(_workdir(args))
             else:
@@ -388,7 +393,7 @@ def _add_rebase(sub) -> None:
             print("\n".join(lines))
             return 0
         if not args.onto:
-            raise SglpatchError("--onto VERSION|TAG|COMMIT is required (or --continue / --skip / --abort)")
+            raise SglpatchError("--onto VERSION|TAG|COMMIT is required (or --continue / --skip / --abort)", exitcodes.USAGE)
         project = _project(args)
         if args.dry_run:
             wd = _workdir(args)
@@ -414,8 +419,8 @@ def _add_watch(sub) -> None:
     p = sub.add_parser(
         "watch",
         help="upstream watch over every release after the pin: per-patch status matrix and dependency pins",
-        description="Exit codes: 0 the newest release needs nothing or only unattended work; 3 the newest release "
-        "needs a human; 1 an error.",
+        description="One row per release after the pin, one column per patch, and each release's dependency pins. "
+        "Exit 0 when the newest release needs nothing or only unattended work, 3 when it needs a human.",
     )
     p.add_argument("--project", help="project root holding series, patches/, upstream.lock (default: found from cwd)")
     p.add_argument("--releases", metavar="A..B|A,B", help="only these releases: a range (inclusive; either side may be empty) or a comma-separated list")
@@ -430,7 +435,7 @@ def _add_watch(sub) -> None:
         from sglpatch import watch
 
         if args.jobs is not None and args.jobs < 1:
-            raise SglpatchError("--jobs must be 1 or more")
+            raise SglpatchError("--jobs must be 1 or more", exitcodes.USAGE)
         return watch.main(_project(args), releases=args.releases, json_out=args.json, md_out=args.markdown,
                           command=args.command_line, jobs=args.jobs, recheck=args.recheck)
 
@@ -447,7 +452,7 @@ def main(argv: list[str] | None = None) -> int:
         return e.exit_code
     except KeyboardInterrupt:
         print("sglpatch: interrupted", file=sys.stderr)
-        return 130
+        return exitcodes.INTERRUPTED
 
 
 if __name__ == "__main__":

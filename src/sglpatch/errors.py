@@ -1,10 +1,13 @@
 """The one exception type the CLI turns into a one-line message and an exit code."""
 
+from sglpatch import exitcodes
+
 
 class SglpatchError(Exception):
-    """A failure the user can act on; str(e) is a single line saying what and what to do."""
+    """A failure the user can act on; str(e) is a single line saying what and what to do.
+    exit_code: one of sglpatch.exitcodes (ERROR unless said)."""
 
-    exit_code = 1
+    exit_code = exitcodes.ERROR
 
     def __init__(self, message: str, exit_code: int | None = None):
         super().__init__(message)

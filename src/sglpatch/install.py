@@ -1,4 +1,6 @@
-"""Install the patched tree into a Python environment (editable, --no-deps), with pip or uv."""
+"""Install the patched tree into a Python environment (editable, --no-deps), with pip or uv, record
+which interpreter it went into (the workdir's git config, read back by `regress --tier cpu`), and
+say what that interpreter now imports, or what it still lacks and the command that installs it."""
 
 from __future__ import annotations
 
@@ -8,18 +10,40 @@ import subprocess
 import sys
 from pathlib import Path
 
+from sglpatch import exitcodes, pyenv
 from sglpatch.errors import SglpatchError
 from sglpatch.gitcmd import Git
+from sglpatch.pyenv import find_uv
 
 GENERATED = ("python/sglang/_version.py",)  # rewritten by setuptools-scm during the build
+INSTALLED_KEY = "sglpatch.installed-python"  # the interpreter the tree was last installed into
 
 
-def find_uv() -> str | None:
-    found = shutil.which("uv")
-    if found:
-        return found
-    local = Path.home() / ".local" / "bin" / "uv"
-    return str(local) if local.is_file() and os.access(local, os.X_OK) else None
+def check_target(python: str | None, installs: bool) -> None:
+    """Before any work: a --python that is not a Python is a one-line usage error; the interpreter
+    to install into (python, else this one) is neither the tool's own venv nor a system Python
+    that PEP 668 closes (the install would fail only after the build)."""
+    facts = pyenv.check_python(python) if python else None
+    if not installs:
+        return
+    if not python and Path(sys.prefix, pyenv.TOOL_VENV_STAMP).exists():
+        raise SglpatchError(f"{sys.prefix} is the sglpatch tool's own venv, not a serving Python; pass --python PATH", exitcodes.USAGE)
+    pyenv.refuse_system_python(python or sys.executable, facts or pyenv.check_python(sys.executable, "this Python"))
+
+
+def record(workdir: Path, python: str) -> None:
+    """Remember python (as given, not resolved: a venv's python is a symlink to its base) in the workdir."""
+    exe = os.path.expanduser(python)
+    exe = os.path.abspath(exe) if os.sep in exe else (shutil.which(exe) or exe)
+    Git(Path(workdir)).config_set(INSTALLED_KEY, exe)
+
+
+def recorded(workdir: Path) -> str | None:
+    """The interpreter `apply` last installed this workdir's tree into, or None."""
+    workdir = Path(workdir).expanduser()
+    if not (workdir / ".git").is_dir():
+        return None
+    return Git(workdir).config_get(INSTALLED_KEY)
 
 
 def installed_sglang(python: str) -> tuple[str, str] | None:
@@ -44,6 +68,7 @@ def install(workdir: Path, python: str | None = None, installer: str = "auto", v
     src = workdir / "python"
     have = installed_sglang(py)
     if have and Path(have[0]).resolve().is_relative_to(src.resolve()):
+        record(workdir, py)
         return f"sglang already installed editable from {src} for {py}"
     uv = find_uv() if installer in ("auto", "uv") else None
     if installer == "uv" and not uv:
@@ -68,4 +93,21 @@ def install(workdir: Path, python: str | None = None, installer: str = "auto", v
             f"installing {src} failed (exit {proc.returncode}, see above); the patched tree is ready in {workdir}: "
             "fix the environment and re-run, or use --no-install"
         )
+    record(workdir, py)
     return f"installed sglang editable from {src} into {py}"
+
+
+def report(python: str, workdir: Path, version: str | None) -> list[str]:
+    """What python imports now; when that is not the tree, why, and what to do (the exact command)."""
+    st = pyenv.module_state(python)
+    if st is not None and st.ok:
+        return [f"{python} imports sglang {st.version or '?'} from {st.file}"]
+    if st is not None and st.lacks_dependencies:
+        tree = str(Path(workdir).resolve() / "python")
+        return [
+            f"warning: {python} cannot import sglang yet: {pyenv.missing_summary(st)}",
+            f"  install SGLang {version}'s own dependencies: {pyenv.deps_command(python, tree, version, find_uv())}",
+            "  or build a complete new venv instead (the release's pinned set, checked first): scripts/apply.sh --venv NEWDIR",
+        ]
+    why = st.error if st is not None and st.error else "it does not run"
+    return [f"warning: {python} cannot import sglang ({why}); `{python} -c 'import sglang'` shows the whole error"]

@@ -20,6 +20,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from sglpatch import exitcodes
 from sglpatch import upstream as up
 from sglpatch.errors import SglpatchError, say
 from sglpatch.fsutil import crashpoint, exclusive, private_tmpdir, remove, tmp_prefix, write_if_changed
@@ -101,7 +102,7 @@ def find_project(start: Path | None = None) -> Path:
     for d in (here, *here.parents):
         if (d / SERIES_NAME).is_file() and (d / "upstream.lock").is_file():
             return d
-    raise SglpatchError("no sglpatch project here (no series + upstream.lock in this folder or above); pass --project DIR")
+    raise SglpatchError("no sglpatch project here (no series + upstream.lock in this folder or above); pass --project DIR", exitcodes.USAGE)
 
 
 def open_workdir(workdir: Path, create: bool) -> Git:
@@ -179,8 +180,12 @@ def _record(git: Git, digest: str, head: str) -> None:
 # applying one patch exactly
 
 
-def check_exact(git: Git, base: str, patch: PatchFile, strip: int) -> None:
-    """Every hunk's old lines must sit exactly where the hunk says: no offset, no fuzz."""
+EXACT_ADVICE = "apply requires an exact fit to the pinned tree: refresh the patch, or use `sglpatch rebase` to move upstream"
+
+
+def check_exact(git: Git, base: str, patch: PatchFile, strip: int, advice: str = EXACT_ADVICE) -> None:
+    """Every hunk's old lines must sit exactly where the hunk says: no offset, no fuzz. advice: what
+    the caller's user can do about a misfit (apply's by default)."""
     for path, hunks in hunks_by_path(patch, strip).items():
         content = git.blob_text(base, path)
         if content is None:
@@ -204,18 +209,17 @@ def check_exact(git: Git, base: str, patch: PatchFile, strip: int) -> None:
             else:
                 why = "does not apply (context differs; would need fuzz or a merge)"
             raise ApplyError(
-                f"patch {patch.name}: {path} hunk #{n} ({h.header.split(' @@')[0]} @@) {why}; "
-                "apply requires an exact fit to the pinned tree: refresh the patch, or use `sglpatch rebase` to move upstream"
+                f"patch {patch.name}: {path} hunk #{n} ({h.header.split(' @@')[0]} @@) {why}; {advice}"
             )
 
 
 _MESSAGES: dict[bytes, tuple[dict, str]] = {}  # patch bytes -> (mailinfo fields, commit message)
 
 
-def commit_patch(git: Git, base: str, entry: Entry, patch: PatchFile, exact: bool = True) -> str:
+def commit_patch(git: Git, base: str, entry: Entry, patch: PatchFile, exact: bool = True, advice: str = EXACT_ADVICE) -> str:
     """Apply patch on top of base off to the side; return the new commit (git am's message and author)."""
     if exact:
-        check_exact(git, base, patch, entry.strip)
+        check_exact(git, base, patch, entry.strip, advice)
     with tempfile.TemporaryDirectory(prefix=tmp_prefix("am"), dir=up.scratch_dir(git)) as tmp:
         tmpd = Path(tmp)
         pfile = tmpd / "patch"

@@ -22,6 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from sglpatch import exitcodes
 from sglpatch.errors import SglpatchError, say
 from sglpatch.fsutil import crashpoint, no_link, tmp_prefix
 from sglpatch.gitcmd import FIXED_DATE, Git, validate_ref, validate_url
@@ -428,7 +429,26 @@ def choose_source(url: str, tag: str, name: str, version: str, timeout: float = 
         return "sdist", f"{why}; the registry has the sdist of {version}"
     if "wheel" in offered:
         return "wheel", f"{why}; the registry has no sdist of {version}, only wheels"
-    raise SglpatchError(f"{why}, and the registry offers neither an sdist nor a usable wheel of {name} {version}")
+    raise no_release(name, version, f"{why}, and the registry offers neither an sdist nor a usable wheel of {name} {version}")
+
+
+def no_release(name: str, version: str, what: str, each_side: int = 2) -> SglpatchError:
+    """what, and when version is not a release the index knows, the releases nearest to it (a
+    usage error: the version asked for is wrong)."""
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        known, v = artifacts.releases(name), Version(version)
+    except (InvalidVersion, SglpatchError):
+        return SglpatchError(what)
+    if version in known:
+        return SglpatchError(what)
+    below = [r for r in known if Version(r) < v][-each_side:]
+    above = [r for r in known if Version(r) > v][:each_side]
+    if not (below or above):
+        return SglpatchError(what, exitcodes.USAGE)
+    newest = f" ({below[-1]} is the newest)" if not above else ""
+    return SglpatchError(f"{name} {version} is not a release on the index; the nearest: {', '.join(below + above)}{newest}", exitcodes.USAGE)
 
 
 def target_lock(
@@ -475,7 +495,7 @@ def target_lock(
     tag = recorded.get("tag", tag)
     kinds = artifacts.kinds_offered(current.name, version)
     if not kinds:
-        raise SglpatchError(f"the registry offers no sdist and no usable wheel of {current.name} {version}")
+        raise no_release(current.name, version, f"the registry offers no sdist and no usable wheel of {current.name} {version}")
     kind = "wheel" if source == "wheel" or "sdist" not in kinds else "sdist"
     if kind not in kinds:
         raise SglpatchError(f"the registry offers no {kind} of {current.name} {version} (it has: {', '.join(kinds)})")

@@ -22,15 +22,15 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from sglpatch import artifacts, depwatch, rebase, stack, supersede, treecache
+from sglpatch import artifacts, depwatch, exitcodes, rebase, stack, supersede, treecache
 from sglpatch import upstream as up
 from sglpatch.errors import SglpatchError, say
 from sglpatch.fsutil import private_tmpdir, write_if_changed
 from sglpatch.gitcmd import Git
 from sglpatch.lock import UNKNOWN_COMMIT, Lock
 
-EXIT_OK = 0
-EXIT_HUMAN = 3
+EXIT_OK = exitcodes.OK
+EXIT_HUMAN = exitcodes.HUMAN
 DEPS = ("torch", "flashinfer-python", "sgl-kernel", "sglang-kernel", "transformers")
 SHORT = {
     "exact": "exact",

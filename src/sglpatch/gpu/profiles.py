@@ -6,6 +6,7 @@ import json
 import os
 from pathlib import Path
 
+from sglpatch import exitcodes
 from sglpatch.errors import SglpatchError
 
 try:
@@ -14,7 +15,7 @@ except ModuleNotFoundError:  # python 3.10
     import tomli as tomllib  # type: ignore[no-redef]
 
 DEFAULT_SIZES = [1, 2, 3, 4, 8, 16, 64, 512, 2048]
-EXIT_USAGE = 2
+EXIT_USAGE = exitcodes.USAGE
 
 
 def usage_error(msg: str) -> SglpatchError:

@@ -1,10 +1,11 @@
 """GPU regression suite: tiers cpu, kernel and server; report.json + report.md.
 
-Exit status of `sglpatch regress` (also what `sglpatch bisect` sees):
+Exit status of `sglpatch regress` (also what `sglpatch bisect` sees; sglpatch.exitcodes):
   0    every tier that ran passed
   1    a regression or failure (wrong result, crash, below baseline, leftover process)
-  125  the requested tier cannot run here (no GPUs, no torch): `git bisect run` skips
-  2    a usage error (unknown profile, bad profile file)
+  2    a usage error (unknown profile, bad profile file, a --python that is not a Python)
+  125  the requested tier cannot run here (no GPUs, no torch, no Python with sglang and its
+       dependencies): `git bisect run` skips
 
 Every GPU step runs under a timeout in its own process session; on timeout or when the
 step ends, the whole tree it started (tracked by PID and start time, also children that
@@ -20,36 +21,64 @@ import shlex
 import sys
 from pathlib import Path
 
+from sglpatch import exitcodes, pyenv
 from sglpatch.errors import SglpatchError
 from sglpatch.gpu.kernel import tier_kernel
-from sglpatch.gpu.profiles import find_project_root, load_profile, resolve_profile_path, usage_error
+from sglpatch.gpu.profiles import expand, find_project_root, load_profile, resolve_profile_path, usage_error
 from sglpatch.gpu.report import write_report
-from sglpatch.gpu.tier_cpu import tier_cpu
+from sglpatch.gpu.tier_cpu import cpu_python, tier_cpu
 
 TIERS = ("cpu", "kernel", "server")
-EXIT_PASS, EXIT_FAIL, EXIT_CANNOT_RUN = 0, 1, 125
+EXIT_PASS, EXIT_FAIL, EXIT_CANNOT_RUN = exitcodes.OK, exitcodes.ERROR, exitcodes.CANNOT_RUN
 
 
 def run_regress(tier: str = "all", profile: str | None = None, report: str | None = None,
                 project: str | None = None, baseline: str | None = None, argv: list[str] | None = None,
                 stress: int | None = None, modes: str | None = None, parity_with: str | None = None,
                 ab: str | None = None, doctor: bool = False, python: str | None = None, quick: bool = False,
-                with_profile: str | None = None) -> dict:
+                with_profile: str | None = None, workdir: str | None = None) -> dict:
+    """python: the Python under test, every tier ("A,B": several installs, kernel tier only); workdir:
+    where to read the Python `apply` installed into (the cpu tier's default); None: not read."""
     if tier not in (*TIERS, "all"):
         raise usage_error(f"unknown tier {tier!r}; choose cpu, kernel, server or all")
     if ab and tier != "server":
         raise usage_error("--ab compares two installs in the server tier: use it with --tier server")
-    if (python or quick or with_profile) and tier not in ("kernel", "all"):
-        raise usage_error("--python, --quick and --with-profile belong to the kernel tier: use --tier kernel")
+    if (quick or with_profile) and tier not in ("kernel", "all"):
+        raise usage_error("--quick and --with-profile belong to the kernel tier: use --tier kernel")
+    pythons = [p for p in (python or "").split(",") if p.strip()]
+    if len(pythons) > 1 and tier != "kernel":
+        raise usage_error("--python A,B (several installs in one report) belongs to the kernel tier; "
+                          "the server tier compares two installs with --ab A,B")
     proj = Path(project).resolve() if project else find_project_root()
     prof_path = resolve_profile_path(profile, proj) if profile else None
     prof = load_profile(prof_path)
+    if baseline and not Path(baseline).is_file():
+        raise usage_error(f"--baseline {baseline}: no such file (give a previous report.json)")
+    for p in pythons:  # the Python(s) under test: checked before anything is written
+        pyenv.check_python(p.strip())
+    python = ",".join(expand(p.strip()) for p in pythons) or None
+    if len(pythons) == 1:
+        for t in ("kernel", "server"):
+            if prof.get(t):
+                prof[t]["python"] = python
+    cpu_py, cpu_from = cpu_python(prof, python if len(pythons) == 1 else None,
+                                  Path(workdir).expanduser() if workdir else None)
     started = datetime.datetime.now(datetime.timezone.utc)
     report_dir = Path(report) if report else Path.cwd() / f"regress-{started.strftime('%Y%m%d-%H%M%S')}"
     report_dir = report_dir.resolve()
+    existed = report_dir.exists()
     report_dir.mkdir(parents=True, exist_ok=True)
-    if baseline and not Path(baseline).is_file():
-        raise usage_error(f"--baseline {baseline}: no such file (give a previous report.json)")
+    try:
+        return _run_tiers(tier, prof, prof_path, proj, report_dir, baseline, argv, stress, modes, parity_with, ab,
+                          cpu_py, cpu_from, started, doctor=doctor, python=python, quick=quick, with_profile=with_profile)
+    except BaseException:
+        if not existed and report_dir.is_dir() and not any(report_dir.iterdir()):
+            report_dir.rmdir()  # a run stopped before it wrote anything leaves no empty folder
+        raise
+
+
+def _run_tiers(tier, prof, prof_path, proj, report_dir, baseline, argv, stress, modes, parity_with, ab, cpu_py, cpu_from,
+               started, doctor=False, python=None, quick=False, with_profile=None) -> dict:
     base_env = dict(os.environ)
     base_env.update({k: str(v) for k, v in prof["env"].items()})
     wanted = list(TIERS) if tier == "all" else [tier]
@@ -58,7 +87,7 @@ def run_regress(tier: str = "all", profile: str | None = None, report: str | Non
         if t not in wanted:
             continue
         if t == "cpu":
-            results.append(tier_cpu(prof, proj, report_dir, base_env))
+            results.append(tier_cpu(prof, proj, report_dir, base_env, cpu_py, cpu_from))
         elif t == "kernel":
             results.append(tier_kernel(prof, proj, report_dir, base_env, Path(baseline) if baseline else None,
                                        stress=stress, python=python, quick=quick, with_profile=with_profile))
@@ -86,11 +115,12 @@ def run_regress(tier: str = "all", profile: str | None = None, report: str | Non
            "profile_env": prof["env"], "project": str(proj)}
     write_report(report_dir, doc, results)
     return {"status": status, "exit_code": code, "report_dir": str(report_dir),
-            "tiers": [(r.name, r.status, r.summary, r.failures) for r in results]}
+            "tiers": [(r.name, r.status, r.summary, r.failures, r.data.get("cannot_run")) for r in results]}
 
 
-DESCRIPTION = ("Exit 0: every tier that ran passed; 1: a regression; 2: a usage error; 125: the tier "
-               "cannot run here (no GPUs), so `git bisect run` skips.")
+DESCRIPTION = ("Run the patch tests (cpu), the allreduce kernels (kernel, >= 2 GPUs) or the patched server (server) "
+               "against the installed sglang; report.json + report.md. Exit 0 when every tier that ran passed, "
+               "1 on a regression, 125 when the tier cannot run here (git bisect run skips).")
 
 
 def _stress_count(text: str) -> int:
@@ -113,12 +143,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--report", help="report folder (default: ./regress-<UTC time>)")
     p.add_argument("--baseline", help="a previous report.json to compare kernel latencies with (same hardware only)")
     p.add_argument("--project", help="the sglpatch checkout holding targets/ and tests/ (default: found from cwd)")
+    p.add_argument("--python", metavar="PATH[,PATH2]",
+                   help="the Python under test, every tier (default: cpu tier: the one `apply` installed the workdir "
+                   "into, else the profile's; kernel/server: the profile's); kernel tier: A,B runs the bench in each "
+                   "interpreter (e.g. the 0.5.9 and the 0.5.23 venv) and merges the rows, each labelled with its versions")
+    p.add_argument("--workdir", help="the workdir whose recorded install the cpu tier uses (default: $SGLANG_FORK_DIR or ~/sglang-fork)")
     p.add_argument("--stress", type=_stress_count, nargs="?", const=-1, default=None, metavar="N",
                    help="tier kernel also runs N allreduces per non-NCCL backend and mode, each compared exactly "
                    "with NCCL (N omitted: the profile's [kernel] stress_iterations, 1000000 on the target)")
-    p.add_argument("--python", metavar="A_PYTHON[,B_PYTHON]",
-                   help="kernel tier: run the bench in each interpreter (e.g. the 0.5.9 and the 0.5.23 venv) and merge "
-                   "the rows, each labelled with its versions (default: the profile's [kernel] python)")
     p.add_argument("--quick", action="store_true",
                    help="kernel tier: the decision sizes only (batch, batch x draft tokens), few samples: a smoke run")
     p.add_argument("--with-profile", metavar="REPORT",
@@ -139,7 +171,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run_args(args: argparse.Namespace, prog: list[str]) -> int:
     """Run what add_arguments parsed; print one line per tier and where the report is."""
     argv = [*prog, "--tier", args.tier]
-    for flag in ("profile", "report", "baseline", "project", "modes", "parity_with", "ab", "python", "with_profile"):
+    for flag in ("profile", "report", "baseline", "project", "modes", "parity_with", "ab", "python", "with_profile",
+                 "workdir"):
         if getattr(args, flag):
             argv += [f"--{flag.replace('_', '-')}", getattr(args, flag)]
     if args.no_doctor:
@@ -151,9 +184,11 @@ def run_args(args: argparse.Namespace, prog: list[str]) -> int:
     res = run_regress(tier=args.tier, profile=args.profile, report=args.report, project=args.project,
                       baseline=args.baseline, argv=argv, stress=args.stress, modes=args.modes,
                       parity_with=args.parity_with, ab=args.ab, doctor=not args.no_doctor, python=args.python,
-                      quick=args.quick, with_profile=args.with_profile)
-    for name, status, summary, failures in res["tiers"]:
-        print(f"tier {name}: {status}: {summary}", *[f"  - {f}" for f in failures[:20]], sep="\n")
+                      quick=args.quick, with_profile=args.with_profile,
+                      workdir=args.workdir or os.environ.get("SGLANG_FORK_DIR") or str(Path.home() / "sglang-fork"))
+    for name, status, summary, failures, why in res["tiers"]:
+        print(f"tier {name}: {status}: {summary}", *[f"  - {f}" for f in failures[:20]], *([f"  - cannot run here: {why}"] if why else []),
+              sep="\n")
     print(f"regress: {res['status']} (exit {res['exit_code']}); report: {res['report_dir']}/report.md")
     return res["exit_code"]
 
@@ -161,7 +196,8 @@ def run_args(args: argparse.Namespace, prog: list[str]) -> int:
 def main(argv: list[str] | None = None) -> int:
     """`python -m sglpatch.gpu.regress ...`: the same as `sglpatch regress`, without the series side's
     dependencies (for a GPU box that has only this package's files)."""
-    p = argparse.ArgumentParser(prog="python -m sglpatch.gpu.regress", description=DESCRIPTION)
+    p = argparse.ArgumentParser(prog="python -m sglpatch.gpu.regress", description=DESCRIPTION, epilog=exitcodes.epilog(),
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(p)
     args = p.parse_args(sys.argv[1:] if argv is None else argv)
     try:

@@ -13,3 +13,18 @@ def patches_of(project: Path, workdir: Path) -> dict:
     from sglpatch import stack
 
     return {"carried": stack.carried(project, workdir), "status": stack.status(project, workdir)}
+
+
+def installed_python(workdir: Path) -> str | None:
+    """The interpreter `sglpatch apply` last installed workdir's tree into (recorded there), or None
+    (nothing recorded, not a workdir, or no GitPython on this box)."""
+    try:
+        from sglpatch import install
+    except ImportError:
+        return None
+    from sglpatch.errors import SglpatchError
+
+    try:
+        return install.recorded(Path(workdir))
+    except SglpatchError:
+        return None

@@ -119,7 +119,7 @@ def _step(
             return o
         rp = parse_patch(name, rec.data, entry.strip)
         try:
-            new_commit = stack.commit_patch(git, head, entry, rp, exact=True)
+            new_commit = stack.commit_patch(git, head, entry, rp, exact=True, advice=RECORDED_ADVICE)
         except SglpatchError as e:
             o.action = "stop"
             o.note = (o.note + "; " if o.note else "") + f"the recorded resolution no longer applies ({e})"
@@ -197,6 +197,9 @@ def _in_sync_stack(git: Git, project: stack.Project) -> tuple[str, list[str]] | 
     return (base, commits) if len(commits) == len(project.patches) else None
 
 
+RECORDED_ADVICE = "a recorded resolution must fit the new upstream exactly: re-record it (scripts/rerecord.sh VERSION)"
+
+
 def _build_new_upstream(git: Git, lock: Lock, source: str, url: str | None) -> str:
     if source in ("sdist", "wheel"):
         return up.build_registry(git, lock)
@@ -241,7 +244,9 @@ def _prepare(git: Git, project_root: Path, onto: str, source: str, commit: str |
         raise RebaseError(f"the series is already pinned to {new_lock.describe()}; nothing to rebase")
     t0 = time.monotonic()
     onto_commit = registry(git, new_lock) if cached and source in ("sdist", "wheel") else _build_new_upstream(git, new_lock, source, url)
-    say(f"new upstream {new_lock.describe()} ready from {source} in {time.monotonic() - t0:.1f}s")
+    got = new_lock.artifact_kind if source in ("sdist", "wheel") else source  # 0.5.11+ have no sdist: the wheel
+    why = f" (the registry has no {source} of {new_lock.version})" if got != source else ""
+    say(f"new upstream {new_lock.describe()} ready from {got}{why} in {time.monotonic() - t0:.1f}s")
     return Plan(
         project=str(project_root),
         source=source,
@@ -313,16 +318,11 @@ def _dry_run(project_root: Path, workdir: Path | None, onto: str, source: str, c
         outcomes = _run_steps(sg, plan, dry_run=True)
     new_lock = Lock.parse(plan.new_lock, "target")
     if any(o.action == "stop" for o in outcomes):
-        code = EXIT_HUMAN
+        code, verdict = EXIT_HUMAN, "the series needs a human: conflicts without a recorded resolution"
     elif all(o.action == "keep" for o in outcomes):
-        code = EXIT_NOTHING
+        code, verdict = EXIT_NOTHING, "every patch applies exactly: `sglpatch rebase` will only move the pin"
     else:
-        code = EXIT_UNATTENDED
-    verdict = {
-        EXIT_NOTHING: "every patch applies exactly: `sglpatch rebase` will only move the pin",
-        EXIT_UNATTENDED: "the series needs work that `sglpatch rebase` does unattended",
-        EXIT_HUMAN: "the series needs a human: conflicts without a recorded resolution",
-    }[code]
+        code, verdict = EXIT_UNATTENDED, "the series needs work that `sglpatch rebase` does unattended"
     lines = [f"upstream watch: {project.lock.describe()} -> {new_lock.describe()} (dry run, nothing changed)"]
     lines += _table(outcomes)
     lines.append(f"verdict: {verdict} (exit {code})")

@@ -10,6 +10,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     pass
 
+from sglpatch import exitcodes
 from sglpatch.errors import SglpatchError
 
 
@@ -20,10 +21,10 @@ CHANGELOG = "CHANGELOG.md"
 STATE_DIR = "sglpatch-rebase"
 REF_PREFIX = "refs/sglpatch/rebase"
 
-# dry-run exit codes (errors stay 1)
-EXIT_NOTHING = 0  # every patch applies exactly
-EXIT_UNATTENDED = 2  # work, but `rebase` does it alone (3-way, drops, recorded resolutions)
-EXIT_HUMAN = 3  # a conflict or an obsolete patch without a recorded resolution
+# dry-run exit codes (sglpatch.exitcodes; errors stay 1)
+EXIT_NOTHING = exitcodes.OK  # every patch applies exactly
+EXIT_UNATTENDED = exitcodes.OK  # work, but `rebase` does it alone (3-way, drops, recorded resolutions): the watch's verdict too
+EXIT_HUMAN = exitcodes.HUMAN  # a conflict or an obsolete patch without a recorded resolution
 
 
 class RebaseError(SglpatchError):
@@ -33,7 +34,7 @@ class RebaseError(SglpatchError):
 class RebaseStopped(SglpatchError):
     """The rebase stopped for a human; the message says what to do next (exit 3)."""
 
-    exit_code = 3
+    exit_code = exitcodes.HUMAN
 
 
 # --------------------------------------------------------------------------------------
