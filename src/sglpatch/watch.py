@@ -122,8 +122,12 @@ def newer_than_pins(project_root: Path, project: stack.Project, cg: Git, item: t
     """The newest release of each pinned dependency, and for deps/newer.toml's packages what it
     changes of what the release (item: the newest watched one) uses."""
     newest = {}
-    for d in DEPS:
-        vs = artifacts.releases(d)
+    for d in DEPS:  # a side column: an index that does not answer for one of them costs only its cell
+        try:
+            vs = artifacts.releases(d)
+        except artifacts.ArtifactError as e:
+            say(f"newest release of {d} unknown: {e}")
+            vs = []
         newest[d] = vs[-1] if vs else "?"
     out = []
     table = depwatch.load(project_root)
@@ -131,7 +135,7 @@ def newer_than_pins(project_root: Path, project: stack.Project, cg: Git, item: t
     for dist, cfg in table.items():
         spec = deps.get(dist)
         pinned = supersede._pinned_version(spec, dist) if spec else None
-        if not pinned or newest.get(dist, pinned) == pinned:
+        if not pinned or newest.get(dist, pinned) in (pinned, "?"):
             continue
         say(f"{dist} {newest[dist]} is newer than sglang {item[0]}'s {spec}: checking what it changes ({cfg['module']})")
         changes = depwatch.check(dist, cfg, pinned, newest[dist], cg, item[3], relied)
