@@ -192,8 +192,10 @@ def test_launch_plan_and_usage_errors(tmp_path):
         kernel_launch.interpreters({}, f"{sys.executable},{tmp_path / 'nope'}")
     with pytest.raises(SglpatchError, match="the same interpreter twice"):
         kernel_launch.interpreters({}, f"{sys.executable},{sys.executable}")
+    with pytest.raises(SglpatchError, match="belongs to the kernel tier"):  # one --python serves every tier, A,B the kernel tier
+        regress.run_regress("server", None, str(tmp_path / "r"), str(ROOT), python=f"{sys.executable},{sys.executable}")
     with pytest.raises(SglpatchError, match="belong to the kernel tier"):
-        regress.run_regress("server", None, str(tmp_path / "r"), str(ROOT), python=sys.executable)
+        regress.run_regress("server", None, str(tmp_path / "r"), str(ROOT), quick=True)
 
 
 def test_nccl_defaults_also_when_a_sitecustomize_sets_the_tuning(tmp_path):

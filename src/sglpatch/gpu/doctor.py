@@ -27,7 +27,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from sglpatch import preflight
+from sglpatch import exitcodes, preflight
 from sglpatch.errors import SglpatchError, say
 from sglpatch.gpu import doctor_checks as dc
 from sglpatch.gpu import doctor_gpu as dg
@@ -37,7 +37,7 @@ from sglpatch.gpu.profiles import expand, find_project_root, load_profile, resol
 from sglpatch.gpu.report import TierResult
 from sglpatch.gpu.server import imported_sglang, version_tuple
 
-EXIT_OK, EXIT_FAIL, EXIT_CANNOT_RUN = 0, 1, 125
+EXIT_OK, EXIT_FAIL, EXIT_CANNOT_RUN = exitcodes.OK, exitcodes.ERROR, exitcodes.CANNOT_RUN
 DESCRIPTION = ("Check the box before a load: stale GPU processes, the serving Python and what it sees, driver and "
                "toolkits, topology and a real P2P copy per GPU pair, free GPU memory. Exit 0: nothing failed; 1: a "
                "check failed; 125: no GPU visible here; 2: a usage error.")
@@ -230,7 +230,7 @@ def run_args(args: argparse.Namespace) -> int:
         proj = Path.cwd()
     prof = load_profile(resolve_profile_path(args.profile, proj) if args.profile else None)
     if args.kernel_report and not (Path(args.kernel_report) / "report.json").is_file():
-        raise SglpatchError(f"--kernel-report {args.kernel_report}: no report.json there", exit_code=2)
+        raise SglpatchError(f"--kernel-report {args.kernel_report}: no report.json there", exit_code=exitcodes.USAGE)
     box = Box(nvidia_smi=args.nvidia_smi, proc_root=Path(args.proc_root), dev_glob=args.dev_glob, shm=Path(args.shm),
               p2p_probe=Path(args.p2p_probe), p2p_timeout=args.p2p_timeout, p2p=not args.no_p2p,
               reapers=frozenset(int(x) for x in args.reapers.split(",") if x.strip().isdigit()))
