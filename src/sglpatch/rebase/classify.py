@@ -25,9 +25,13 @@ from sglpatch.rebase.resolutions import Recorded, _rerere, conflict_key, lenient
 # the engine
 
 
+PLAN_FORMAT = 1  # of the saved Plan (state.json); state.load refuses any other, with the way out
+
+
 @dataclass
 class Plan:
-    """Everything a rebase needs, saved as state between --continue calls."""
+    """Everything a rebase needs, saved as state between --continue calls (state.json).
+    A change to its fields that an older sglpatch cannot read raises PLAN_FORMAT."""
 
     project: str
     source: str
@@ -45,6 +49,7 @@ class Plan:
     hand: dict[str, str] = field(default_factory=dict)  # name -> "replace"/"drop" resolved during this rebase
     orig: dict = field(default_factory=dict)
     stopped: dict = field(default_factory=dict)
+    format: int = PLAN_FORMAT
 
 
 def _step(
