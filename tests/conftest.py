@@ -27,10 +27,10 @@ collect_ignore = [] if os.environ.get("SGLPATCH_REAL_0523") else ["real_0523"]
 os.environ.setdefault("SGLPATCH_CACHE", str(Path.home() / ".cache" / "sglpatch"))
 
 try:  # the GPU tests run on machines without GitPython; they need none of this
-    from sglpatch import stack, upstream  # noqa: E402
+    from sglpatch import artifacts, stack  # noqa: E402
     from sglpatch.lock import Lock, read_lock  # noqa: E402
 except ImportError:  # pragma: no cover
-    stack = upstream = Lock = read_lock = None
+    artifacts = stack = Lock = read_lock = None
 
 SDIST_0510_SHA256 = "01f7adfe7cde85b238fb0e1bae4b31d494e19d1471cf35ff3c5489a02f9d2263"
 PROJECT_FILES = ("series", "upstream.lock", "patches", "resolutions", "CHANGELOG.md")
@@ -59,7 +59,7 @@ def project_copy(tmp_path) -> Path:
 
 @pytest.fixture(scope="session")
 def sdist_059() -> Path:
-    return upstream.fetch_sdist(read_lock(ROOT))
+    return artifacts.fetch_sdist(read_lock(ROOT))
 
 
 def lock_0510() -> "Lock":
@@ -77,7 +77,7 @@ def lock_0510() -> "Lock":
 
 @pytest.fixture(scope="session")
 def sdist_0510() -> Path:
-    return upstream.fetch_sdist(lock_0510())
+    return artifacts.fetch_sdist(lock_0510())
 
 
 @pytest.fixture(scope="session")

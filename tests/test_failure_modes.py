@@ -37,7 +37,7 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT, git
-from sglpatch import stack, upstream
+from sglpatch import artifacts, stack, upstream
 from sglpatch.lock import read_lock, write_lock
 
 SUBJECT_1 = "version: say that the fallback is for a build"
@@ -98,7 +98,7 @@ def golden(tmp_path_factory, sdist_059):
     stack.update_blobs(proj, wd)
     assert stack.apply(proj, wd, source="sdist").changed is False
     assert len((proj / "series").read_text().split(".patch")) == 3
-    cache = upstream.cache_dir()
+    cache = artifacts.cache_dir()
     return {"project": proj, "fork": wd, "cache": cache, "cache_listing": sdist_cache(cache)}
 
 
@@ -1043,7 +1043,7 @@ def test_interrupted_or_tampered_sdist_download(fresh, sdist_059, mode):
         index.mode = "full"
         done = ok(c.apply(env=env))
         assert "  pip: Collecting sglang==0.5.9" in done.stderr  # the download shows progress
-        assert upstream.sha256_file(cache / "sdist" / "sglang-0.5.9.tar.gz") == read_lock(c.project).sdist_sha256
+        assert artifacts.sha256_file(cache / "sdist" / "sglang-0.5.9.tar.gz") == read_lock(c.project).sdist_sha256
         c.in_sync()
     finally:
         index.close()

@@ -645,8 +645,10 @@ def test_unreachable_index_says_nothing_was_verified_online(case):
 # rough edges: damaged rebase state, read-only file systems
 
 
-@pytest.mark.parametrize("kind", ["corrupt", "empty", "extra-key", "wrong-type"])
+@pytest.mark.parametrize("kind", ["corrupt", "empty", "extra-key", "wrong-type", "no-format", "format-2"])
 def test_damaged_rebase_state_says_how_to_get_out(tmp_path, rb_conflict, kind):
+    """A state.json that is damaged, or of a format this sglpatch does not read (an older one
+    without "format", a newer one), is refused with one line naming --abort, which still works."""
     c = Case(tmp_path, rb_conflict)
     before_wd, before = _exact(c.fork), snapshot(c.project)
     assert _rebase(c).returncode == 3
@@ -658,10 +660,16 @@ def test_damaged_rebase_state_says_how_to_get_out(tmp_path, rb_conflict, kind):
         f.write_text("")
     elif kind == "extra-key":
         f.write_text(json.dumps(dict(data, bogus=1)))
-    else:
+    elif kind == "wrong-type":
         f.write_text(json.dumps(dict(data, names=3)))
+    elif kind == "no-format":
+        assert data.pop("format") == 1
+        f.write_text(json.dumps(data))
+    else:
+        f.write_text(json.dumps(dict(data, format=2)))
+    why = {"no-format": "no format number", "format-2": "format 2"}.get(kind, "damaged")
     for args in (("--continue",), ("--skip",), ("--onto", T, "--source", "sdist")):
-        refused(_rebase(c, *args), "state.json", "damaged", f"sglpatch rebase --workdir {c.fork} --abort")
+        refused(_rebase(c, *args), "state.json", why, f"sglpatch rebase --workdir {c.fork} --abort")
     refused(c.export(), "--abort")
     ok(_rebase(c, "--abort"))
     assert _exact(c.fork) == before_wd

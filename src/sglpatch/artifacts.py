@@ -1,10 +1,12 @@
 """Registry artifacts of a release (sdist or wheel): which files the index lists, their
-published sha256, a verified download into the cache, unpacking, and their metadata.
+published sha256, a verified download into the cache, unpacking, and their metadata. This is
+the one module that downloads release files (``git fetch`` of a tag is ``upstream``'s).
 
-Every artifact, also one found in the cache, is checked against the sha256 the package index
-publishes for it (PEP 691 JSON, or the ``#sha256=`` fragment of the HTML simple page) of the
-index pip is configured with (``PIP_INDEX_URL`` / ``pip config get global.index-url``, else
-PyPI). A mismatch is a one-line error naming the file, and nothing is written.
+Every artifact, also one found in the cache, is checked against a sha256 before it is used:
+``fetch`` against the one the package index publishes for it (PEP 691 JSON, or the
+``#sha256=`` fragment of the HTML simple page) of the index pip is configured with
+(``PIP_INDEX_URL`` / ``pip config get global.index-url``, else PyPI); ``fetch_sdist`` against
+the one upstream.lock pins. A mismatch is a one-line error naming the file, and nothing is written.
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ from pathlib import Path
 
 from sglpatch.errors import SglpatchError, say
 from sglpatch.fsutil import crashpoint
+from sglpatch.gitcmd import last_line
+from sglpatch.lock import Lock, LockError, sha256_file
 
 DEFAULT_INDEX = "https://pypi.org/simple"
 WHEEL_PY = "3.11"  # which CPython's wheel to take when a release ships only compiled wheels
@@ -133,10 +137,26 @@ def _save_answer(saved: Path, files: list[dict], base: str) -> None:
         say(f"cannot save the answer of the package index {base} in {saved} ({e.strerror or e}); using it without saving it")
 
 
-def _cache_root() -> Path:
-    from sglpatch.upstream import cache_dir
+def cache_dir() -> Path:
+    """Where downloaded release files, index answers and unpacked trees are kept."""
+    base = os.environ.get("SGLPATCH_CACHE")
+    if base:
+        return Path(base)
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return Path(xdg) / "sglpatch" if xdg else Path.home() / ".cache" / "sglpatch"
 
-    return cache_dir()
+
+def cache_subdir(name: str) -> Path:
+    """cache_dir()/name, made when missing; a cache that cannot be made is one line naming the fix."""
+    d = cache_dir() / name
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise SglpatchError(
+            f"cannot create the cache folder {d} ({e.strerror}); set SGLPATCH_CACHE to a folder you can write "
+            "(it holds downloaded release files and their unpacked trees)"
+        ) from None
+    return d
 
 
 # the index is untrusted input: a file name is a plain name (it becomes a path in the cache), a
@@ -154,7 +174,7 @@ def index_files(name: str) -> tuple[Artifact, ...]:
     """Every sdist and wheel the index lists for name (fetched once per process; the last
     answer is kept in the cache and used, with a warning, when the index does not answer)."""
     base = f"{index_url()}/{name}/"
-    saved = _cache_root() / "index" / f"{name}.json"
+    saved = cache_dir() / "index" / f"{name}.json"
     try:
         req = urllib.request.Request(base, headers={"Accept": "application/vnd.pypi.simple.v1+json, text/html;q=0.1"})
         with urllib.request.urlopen(req, timeout=60) as resp:
@@ -265,12 +285,6 @@ def kinds_offered(name: str, version: str) -> list[str]:
     return [k for k in ("sdist", "wheel") if choose(name, version, k) is not None]
 
 
-def sha256_file(path: Path) -> str:
-    from sglpatch.lock import sha256_file as h
-
-    return h(path)
-
-
 def fetch(name: str, version: str, kind: str, python: str | None = None, expect_sha256: str | None = None) -> tuple[Artifact, Path]:
     """(artifact, path): the index-verified file, from the cache or downloaded with pip."""
     art = choose(name, version, kind)
@@ -281,7 +295,7 @@ def fetch(name: str, version: str, kind: str, python: str | None = None, expect_
         raise ArtifactError(f"the index publishes no sha256 for {art.filename}; refusing to use it unverified")
     if expect_sha256 and expect_sha256 != art.sha256:
         raise ArtifactError(f"{art.filename}: the recorded sha256 {expect_sha256} is not the one the index publishes ({art.sha256})")
-    cdir = _cache_root() / kind
+    cdir = cache_dir() / kind
     target = cdir / art.filename
     if target.exists():
         got = sha256_file(target)
@@ -291,8 +305,6 @@ def fetch(name: str, version: str, kind: str, python: str | None = None, expect_
                 "delete it and re-run (nothing was written)"
             )
         return art, target
-    from sglpatch.upstream import cache_subdir
-
     cache_subdir(kind)
     with tempfile.TemporaryDirectory(prefix="sglpatch-dl-", dir=str(cdir)) as tmp:
         got_path = Path(tmp) / art.filename
@@ -309,20 +321,72 @@ def fetch(name: str, version: str, kind: str, python: str | None = None, expect_
     return art, target
 
 
+_PROGRESS_LINES = ("Collecting", "Downloading", "Saved", "File was already downloaded", "Successfully downloaded")
+
+
+def run_showing_lines(cmd: list[str], prefix: str) -> subprocess.CompletedProcess:
+    """Run cmd, echoing each output line to stderr (progress for a long download), keep the text."""
+    lines: list[str] = []
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace") as proc:
+        for line in proc.stdout:
+            lines.append(line)
+            if line.strip().startswith(_PROGRESS_LINES):  # the rest only goes into the error line
+                print(prefix + line.strip(), file=sys.stderr, flush=True)
+    return subprocess.CompletedProcess(cmd, proc.returncode, "".join(lines), "")
+
+
+def _pip_download(python: str | None, dest: str, requirement: str, *flags: str) -> tuple[int, str]:
+    """`pip download` of one requirement into dest through the user's pip configuration; (rc, why)
+    where why is pip's last output line (or the exit status) for the error line."""
+    cmd = [python or sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check", "-d", dest,
+           *flags, requirement]
+    proc = run_showing_lines(cmd, prefix="  pip: ")
+    return proc.returncode, last_line(proc.stdout, f"exit {proc.returncode}")
+
+
 def _pip_wheel(name: str, version: str, art: Artifact, tmp: str, python: str | None) -> None:
     say(f"downloading {art.filename} with pip (your pip configuration applies)")
-    cmd = [python or sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check", "-d", tmp,
-           "--only-binary", ":all:", "--platform", WHEEL_PLATFORM, "--platform", "any",
-           "--python-version", WHEEL_PY, "--implementation", "cp", f"{name}=={version}"]
-    from sglpatch.upstream import _run_showing_lines
+    rc, why = _pip_download(python, tmp, f"{name}=={version}", "--only-binary", ":all:", "--platform", WHEEL_PLATFORM,
+                            "--platform", "any", "--python-version", WHEEL_PY, "--implementation", "cp")
+    if rc != 0 or not (Path(tmp) / art.filename).is_file():
+        raise ArtifactError(f"pip download of {art.filename} failed ({why}); check the network / pip index and re-run")
 
-    proc = _run_showing_lines(cmd, prefix="  pip: ")
-    if proc.returncode != 0 or not (Path(tmp) / art.filename).is_file():
-        last = [line for line in proc.stdout.strip().splitlines() if line.strip()]
-        raise ArtifactError(
-            f"pip download of {art.filename} failed ({last[-1].strip() if last else 'exit ' + str(proc.returncode)}); "
-            "check the network / pip index and re-run"
-        )
+
+def fetch_sdist(lock: Lock, python: str | None = None) -> Path:
+    """The sdist tarball upstream.lock pins, checked against its sdist.sha256: from the cache, or
+    downloaded with pip (the user's pip configuration, no index lookup of our own)."""
+    cdir = cache_subdir("sdist")
+    target = cdir / lock.sdist_filename
+    cached_digest = None
+    if target.exists():
+        cached_digest = sha256_file(target)
+        if cached_digest == lock.sdist_sha256:
+            return target
+        # Either the cache is damaged or the lock is wrong: download again to tell which, and
+        # replace the cached file only by a download that matches the lock.
+        say(f"cached {target.name} does not match sdist.sha256 (it has {cached_digest}); downloading again to check")
+    say(f"downloading {lock.sdist_filename} with pip (your pip configuration applies)")
+    with tempfile.TemporaryDirectory(prefix="sglpatch-dl-", dir=str(cdir)) as tmp:
+        rc, why = _pip_download(python, tmp, f"{lock.name}=={lock.version}", "--no-binary", ":all:")
+        if rc != 0:
+            if cached_digest is not None:
+                raise LockError(
+                    f"upstream.lock: field sdist.sha256 does not match the cached {target} ({cached_digest}) and a new "
+                    f"download failed ({why}); fix sdist.sha256 in upstream.lock, or restore the network and re-run"
+                )
+            raise SglpatchError(f"pip download of {lock.name}=={lock.version} failed ({why}); check the network / pip index and re-run")
+        got = Path(tmp) / lock.sdist_filename
+        if not got.exists():
+            raise SglpatchError(f"pip download did not produce {lock.sdist_filename}; found {sorted(os.listdir(tmp))}")
+        digest = sha256_file(got)
+        if lock.sdist_sha256 and digest != lock.sdist_sha256:
+            same = " (the same as the cached copy, so upstream.lock is what is wrong)" if digest == cached_digest else ""
+            raise LockError(
+                f"upstream.lock: field sdist.sha256 does not match the downloaded {lock.sdist_filename} (got {digest}){same}; "
+                "check the lock and your pip index, then re-run"
+            )
+        os.replace(got, target)
+    return target
 
 
 def _download(art: Artifact, dest: Path) -> None:

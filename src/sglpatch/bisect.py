@@ -41,7 +41,7 @@ from pathlib import Path
 from sglpatch import exitcodes, proctree
 from sglpatch.errors import SglpatchError
 from sglpatch.fsutil import exclusive
-from sglpatch.gitcmd import Git, validate_ref
+from sglpatch.gitcmd import Git, last_line, validate_ref
 from sglpatch.series import parse_dep3, slug
 
 UPSTREAM_BRANCH = "upstream"  # same names as sglpatch.upstream / sglpatch.stack
@@ -435,11 +435,11 @@ def _restore(git: Git) -> str | None:
     if _bisecting(git):
         rc, _, e = git.run("bisect", "reset", PATCHED_BRANCH, check=False)
         if rc != 0:
-            problems.append(f"git bisect reset failed: {e.strip().splitlines()[-1] if e.strip() else rc}")
+            problems.append(f"git bisect reset failed: {last_line(e, str(rc))}")
     if git.current_branch() != PATCHED_BRANCH:
         rc, _, e = git.run("checkout", "-q", PATCHED_BRANCH, check=False)
         if rc != 0:
-            problems.append(f"git checkout {PATCHED_BRANCH} failed: {e.strip().splitlines()[-1] if e.strip() else rc}")
+            problems.append(f"git checkout {PATCHED_BRANCH} failed: {last_line(e, str(rc))}")
     if problems:
         return "; ".join(problems) + f"; run `git -C {git.workdir} bisect reset && git -C {git.workdir} checkout {PATCHED_BRANCH}`"
     return None
@@ -674,8 +674,7 @@ def _drive(git, state, state_file, good_sha, bad_sha, n, triage, out, err, holde
     elif not untested:
         why = "only skipped commits are left to test"
     else:
-        last = [line for line in git_out.strip().splitlines() if line.strip()]
-        raise BisectError(f"git bisect run stopped: {last[-1] if last else 'no reason given'}")
+        raise BisectError(f"git bisect run stopped: {last_line(git_out, 'no reason given')}")
     res = _result("ambiguous" if not untested else "inconclusive", f"{why}; the first bad patch is one of {len(refs)}", n, state["bound"], steps)
     res.candidates = refs
     return res

@@ -14,17 +14,13 @@ package naming both ways out (a driver >= 580, or the table's alternative).
 from __future__ import annotations
 
 import re
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from sglpatch import toml
 from sglpatch import artifacts
 from sglpatch.errors import SglpatchError
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
 
 TABLE = Path("deps") / "cuda12.toml"
 _REQ = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*(\[[^\]]*\])?\s*(.*?)\s*(;.*)?$")
@@ -72,7 +68,7 @@ def load(project: Path) -> Table:
     """The project's table, every field checked (it is untrusted input like any project file)."""
     path = Path(project) / TABLE
     try:
-        data = tomllib.loads(path.read_text())
+        data = toml.loads(path.read_text())
         local = {}
         for name, e in data.get("local", {}).items():
             index, tags = str(e["index"]), [str(t) for t in e.get("tags", [])]
@@ -89,7 +85,7 @@ def load(project: Path) -> Table:
         return Table(local, extra, {norm(k): str(v) for k, v in data.get("major", {}).items()})
     except FileNotFoundError:
         raise SglpatchError(f"--cuda needs {path} (how the CUDA 12 builds are named and where they are); the project has none")
-    except (OSError, KeyError, ValueError, TypeError, tomllib.TOMLDecodeError) as e:
+    except (OSError, KeyError, ValueError, TypeError, toml.TOMLDecodeError) as e:
         raise SglpatchError(f"{path}: {e}")
 
 

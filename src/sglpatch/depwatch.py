@@ -17,18 +17,14 @@ from __future__ import annotations
 
 import ast
 import re
-import sys
 import zipfile
 from pathlib import Path
 
+from sglpatch import toml
 from sglpatch import artifacts, series, supersede, treecache
 from sglpatch.errors import SglpatchError
 from sglpatch.gitcmd import Git
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
 
 TABLE = Path("deps") / "newer.toml"
 _MEMBER = re.compile(r"^[A-Za-z0-9_]+(/[A-Za-z0-9_]+)*\.py$")
@@ -42,7 +38,7 @@ def load(project: Path) -> dict:
         return {}
     try:
         out = {}
-        for dist, e in tomllib.loads(path.read_text()).items():
+        for dist, e in toml.loads(path.read_text()).items():
             module, exports = str(e["module"]), [str(x) for x in e.get("exports", [])]
             consts = [(str(c["member"]), str(c["name"]), str(c.get("note", ""))) for c in e.get("constant", [])]
             if not _IDENT.match(module) or not all(_MEMBER.match(m) for m in exports + [c[0] for c in consts]):
@@ -51,7 +47,7 @@ def load(project: Path) -> dict:
                 raise ValueError(f"{dist}: constant names are identifiers")
             out[re.sub(r"[-_.]+", "-", dist).lower()] = {"module": module, "why": str(e.get("why", "")), "exports": exports, "constants": consts}
         return out
-    except (OSError, KeyError, ValueError, TypeError, tomllib.TOMLDecodeError) as e:
+    except (OSError, KeyError, ValueError, TypeError, toml.TOMLDecodeError) as e:
         raise SglpatchError(f"{path}: {e}")
 
 

@@ -23,11 +23,13 @@ import re
 import subprocess
 import sys
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
 
 import git as gitpython  # GitPython
 
 from sglpatch.errors import SglpatchError
+from sglpatch.fsutil import tmp_prefix
 
 IDENTITY_NAME = "sglpatch"
 IDENTITY_EMAIL = "sglpatch@localhost"
@@ -61,6 +63,12 @@ _FIXED_CONFIG = [
 _SHA_RE = re.compile(r"^[0-9a-f]{7,40}$")
 _REF_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._/+@^~-]*$")
 _SCP_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]*@[A-Za-z0-9][A-Za-z0-9.-]*:[A-Za-z0-9._/~-]+$")
+
+
+def last_line(text: str, default: str = "") -> str:
+    """The last non-blank line of a command's output, stripped (what it says went wrong), or default."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return lines[-1] if lines else default
 
 
 class GitError(SglpatchError):
@@ -191,9 +199,7 @@ class Git:
         if not check:
             return rc, out, err
         if rc != 0:
-            last = [line for line in err.strip().splitlines() if line.strip()]
-            msg = last[-1] if last else f"exit {rc}"
-            raise GitError(f"git {args[0] if args else ''} failed in {self.workdir}: {msg}")
+            raise GitError(f"git {args[0] if args else ''} failed in {self.workdir}: {last_line(err, f'exit {rc}')}")
         if strip and not binary:
             out = out.strip()
         return out
@@ -214,8 +220,7 @@ class Git:
         if not check:
             return rc, out, err
         if rc != 0:
-            last = [line for line in err.strip().splitlines() if line.strip()]
-            raise GitError(f"git {args[0] if args else ''} failed in {self.workdir}: {last[-1] if last else f'exit {rc}'}")
+            raise GitError(f"git {args[0] if args else ''} failed in {self.workdir}: {last_line(err, f'exit {rc}')}")
         return out.strip()
 
     def cat(self, spec: str) -> tuple[str, str, bytes] | None:
@@ -352,6 +357,25 @@ class Git:
         if old is not None:
             args.append(old)
         self.run(*args)
+
+    @contextmanager
+    def temp_index(self, base: str | None = None, scratch: str | None = None, prefix: str = "idx"):
+        """A private index file in a temporary folder under scratch (the workdir's scratch folder,
+        so that a kill leaves nothing outside it), read from base's tree when given; yields
+        (env, folder) with GIT_INDEX_FILE set in env. The user's index and worktree stay untouched."""
+        with tempfile.TemporaryDirectory(prefix=tmp_prefix(prefix), dir=scratch) as tmp:
+            env = {"GIT_INDEX_FILE": str(Path(tmp) / "index")}
+            if base is not None:
+                self.run("read-tree", base, env=env)
+            yield env, Path(tmp)
+
+    def commit_tree(self, tree: str, message: str, parents: tuple[str, ...] | list[str] = (), env: dict[str, str] | None = None) -> str:
+        """A commit of tree on parents, no ref moved. env sets author and dates; by default the
+        fixed identity and FIXED_DATE, so the same tree and message give the same id everywhere."""
+        if env is None:
+            env = {"GIT_AUTHOR_DATE": FIXED_DATE, "GIT_COMMITTER_DATE": FIXED_DATE}
+        args = [x for p in parents for x in ("-p", p)]
+        return self.run("commit-tree", tree, *args, input=message, env=env)
 
 
 def patch_paths(patch: bytes, strip: int = 1) -> tuple[list[str], list[str]]:

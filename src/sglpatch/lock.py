@@ -23,15 +23,10 @@ from __future__ import annotations
 
 import hashlib
 import re
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
-
+from sglpatch import toml
 from sglpatch.errors import SglpatchError
 from sglpatch.gitcmd import validate_ref, validate_sha, validate_url
 
@@ -98,8 +93,8 @@ class Lock:
     @classmethod
     def parse(cls, text: str, origin: str = LOCK_NAME) -> "Lock":
         try:
-            data = tomllib.loads(text)
-        except tomllib.TOMLDecodeError as e:
+            data = toml.loads(text)
+        except toml.TOMLDecodeError as e:
             raise LockError(f"{origin}: not valid TOML ({e})") from None
         for section in data:
             if section not in (*_SCHEMA, "blobs"):

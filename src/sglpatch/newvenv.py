@@ -15,7 +15,6 @@ import json
 import re
 import shutil
 import subprocess
-import sys
 import tarfile
 import tempfile
 import zipfile
@@ -24,16 +23,12 @@ from email.parser import Parser
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
-from sglpatch import artifacts, cudavariant, preflight, upstream
+from sglpatch import artifacts, cudavariant, preflight, toml
 from sglpatch.errors import SglpatchError, say
 from sglpatch.fsutil import crashpoint, private_tmpdir
 from sglpatch.install import find_uv
 from sglpatch.lock import read_lock
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
 
 P1_FLASHINFER = "0.6.17"  # first flashinfer with the SM12x allreduce fusion (docs/p1-flashinfer-sm120.md)
 _REQ = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*(\[[^\]]*\])?\s*(.*?)\s*(;.*)?$")
@@ -167,7 +162,7 @@ def resolve(reqs: list[str], python: str, installer: str, tmp: Path, indexes: li
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0:
             return plan, _one_line(proc.stderr or proc.stdout)
-        for p in tomllib.loads(out.read_text())["packages"]:
+        for p in toml.loads(out.read_text())["packages"]:
             wheels = p.get("wheels") or []
             sizes = [_size(w) for w in wheels] if wheels else [_size(p.get("sdist") or {})]
             size = None if None in sizes else max(sizes)
@@ -211,7 +206,7 @@ def release_artifact(lock) -> Path:
     index publishes and the one the lock records (sglpatch.artifacts)."""
     if lock.artifact_kind == "wheel":
         return artifacts.fetch(lock.name, lock.version, "wheel", expect_sha256=lock.sdist_sha256)[1]
-    return upstream.fetch_sdist(lock)
+    return artifacts.fetch_sdist(lock)
 
 
 @dataclass

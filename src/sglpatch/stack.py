@@ -15,7 +15,6 @@ Safety rules (never lose anything of the user's):
 from __future__ import annotations
 
 import hashlib
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,8 +22,8 @@ from pathlib import Path
 from sglpatch import exitcodes
 from sglpatch import upstream as up
 from sglpatch.errors import SglpatchError, say
-from sglpatch.fsutil import crashpoint, exclusive, private_tmpdir, remove, tmp_prefix, write_if_changed
-from sglpatch.gitcmd import Git
+from sglpatch.fsutil import crashpoint, exclusive, private_tmpdir, remove, write_if_changed
+from sglpatch.gitcmd import FIXED_DATE, Git, last_line
 from sglpatch.lock import Lock, read_lock
 from sglpatch.series import (
     PATCH_DIR,
@@ -220,18 +219,14 @@ def commit_patch(git: Git, base: str, entry: Entry, patch: PatchFile, exact: boo
     """Apply patch on top of base off to the side; return the new commit (git am's message and author)."""
     if exact:
         check_exact(git, base, patch, entry.strip, advice)
-    with tempfile.TemporaryDirectory(prefix=tmp_prefix("am"), dir=up.scratch_dir(git)) as tmp:
-        tmpd = Path(tmp)
+    with git.temp_index(base, scratch=up.scratch_dir(git), prefix="am") as (env, tmpd):
         pfile = tmpd / "patch"
         pfile.write_bytes(patch.data)
-        env = {"GIT_INDEX_FILE": str(tmpd / "index")}
-        git.run("read-tree", base, env=env)
         rc, _, err = git.run(
             "apply", "--cached", f"-p{entry.strip}", "--whitespace=nowarn", "--", str(pfile), env=env, check=False
         )
         if rc != 0:
-            last = [line for line in err.strip().splitlines() if line.strip()]
-            raise ApplyError(f"patch {patch.name} does not apply: {last[-1] if last else 'git apply failed'}")
+            raise ApplyError(f"patch {patch.name} does not apply: {last_line(err, 'git apply failed')}")
         tree = git.run("write-tree", env=env)
         if patch.data not in _MESSAGES:  # the same patch gives the same message (the watch applies it per release)
             info = git.run("mailinfo", "-u", str(tmpd / "msg"), str(tmpd / "diff"), input=patch.data)
@@ -243,10 +238,10 @@ def commit_patch(git: Git, base: str, entry: Entry, patch: PatchFile, exact: boo
     env = {
         "GIT_AUTHOR_NAME": fields.get("Author", "unknown"),
         "GIT_AUTHOR_EMAIL": fields.get("Email", "unknown@localhost"),
-        "GIT_AUTHOR_DATE": fields.get("Date", "2000-01-01T00:00:00+00:00"),
-        "GIT_COMMITTER_DATE": fields.get("Date", "2000-01-01T00:00:00+00:00"),
+        "GIT_AUTHOR_DATE": fields.get("Date", FIXED_DATE),
+        "GIT_COMMITTER_DATE": fields.get("Date", FIXED_DATE),
     }
-    return git.run("commit-tree", tree, "-p", base, input=message, env=env)
+    return git.commit_tree(tree, message, [base], env=env)
 
 
 def build_chain(git: Git, project: Project, base: str, progress: bool = True) -> list[str]:

@@ -36,9 +36,9 @@ TREE_REF = "refs/sglpatch/trees"
 
 def cache_repo() -> Git:
     clean_stale_tmp()  # what a killed watch or dry run left in TMPDIR
-    path = up.cache_dir() / "trees.git"
+    path = artifacts.cache_dir() / "trees.git"
     if not (path / "HEAD").exists():
-        up.cache_subdir("trees.git")
+        artifacts.cache_subdir("trees.git")
         Git(path).run("init", "-q", "--bare")
     return Git(path)
 
@@ -147,7 +147,7 @@ def registry_commit(git: Git, lock: Lock, python: str | None = None) -> str:
     if lock.artifact_kind == "wheel":
         _, path = artifacts.fetch(lock.name, lock.version, "wheel", python, expect_sha256=lock.sdist_sha256)
     else:
-        path = up.fetch_sdist(lock, python)
+        path = artifacts.fetch_sdist(lock, python)
     cg = cache_repo()
     commit = tree_commit(cg, lock.artifact_kind, path, lock.sdist_sha256, lock.sdist_subdir)
     rc, text, _ = cg.run("cat-file", "blob", f"{commit}:{lock.sdist_subdir}/sglang/_version.py", check=False, strip=False)
@@ -188,7 +188,7 @@ def release_tree(cg: Git, name: str, version: str, kind: str, subdir: str = "pyt
 
 
 def _facts_path(kind: str, oid: str) -> Path:
-    return up.cache_dir() / "trees.git" / "facts" / kind / f"{oid}.json"
+    return artifacts.cache_dir() / "trees.git" / "facts" / kind / f"{oid}.json"
 
 
 def load_facts(kind: str, oid: str) -> dict:

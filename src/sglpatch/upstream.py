@@ -1,11 +1,15 @@
-"""Materialize the pinned upstream tree as branch ``upstream`` of a workdir; nothing else downloads.
+"""Materialize the pinned upstream tree as branch ``upstream`` of a workdir.
 
-Two sources, both verified against every field of upstream.lock:
+Three sources, all verified against every field of upstream.lock:
 
-* ``sdist``: the registry sdist (``pip download`` through the user's own pip configuration),
-  sha256-checked, extracted under ``python/`` (the sdist is the repository's ``python/``
-  folder) and committed with fixed identity and dates, so the commit id is the same everywhere.
-* ``git``: a clone cache of the upstream URL; the tag must resolve to the locked commit.
+* ``sdist``: the registry sdist (downloaded by ``artifacts.fetch_sdist``, the one module that
+  downloads release files, through the user's own pip configuration), sha256-checked, extracted
+  under ``python/`` (the sdist is the repository's ``python/`` folder) and committed with fixed
+  identity and dates, so the commit id is the same everywhere.
+* ``wheel``: for wheel-only releases, the wheel's ``sglang/`` (``artifacts.fetch``, checked
+  against the index's sha256 and the lock's).
+* ``git``: a clone cache of the upstream URL (``git fetch`` of the tag, here); the tag must
+  resolve to the locked commit.
 
 The commit is built with a temporary index, so the user's checkout is never touched here.
 """
@@ -15,8 +19,6 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import subprocess
-import sys
 import tarfile
 import tempfile
 import time
@@ -25,105 +27,12 @@ from pathlib import Path
 from sglpatch import exitcodes
 from sglpatch.errors import SglpatchError, say
 from sglpatch.fsutil import crashpoint, no_link, tmp_prefix
-from sglpatch.gitcmd import FIXED_DATE, Git, validate_ref, validate_url
+from sglpatch.gitcmd import Git, last_line, validate_ref, validate_url
 from sglpatch import artifacts
-from sglpatch.lock import UNKNOWN_COMMIT, Lock, LockError, sha256_file
+from sglpatch.lock import UNKNOWN_COMMIT, Lock, LockError
 
 UPSTREAM_BRANCH = "upstream"
 PIN_TRAILER = "Sglpatch-Pin"
-
-
-def cache_dir() -> Path:
-    base = os.environ.get("SGLPATCH_CACHE")
-    if base:
-        return Path(base)
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    return Path(xdg) / "sglpatch" if xdg else Path.home() / ".cache" / "sglpatch"
-
-
-def cache_subdir(name: str) -> Path:
-    """cache_dir()/name, made when missing; a cache that cannot be made is one line naming the fix."""
-    d = cache_dir() / name
-    try:
-        d.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise SglpatchError(
-            f"cannot create the cache folder {d} ({e.strerror}); set SGLPATCH_CACHE to a folder you can write "
-            "(it holds downloaded release files and their unpacked trees)"
-        ) from None
-    return d
-
-
-# --------------------------------------------------------------------------------------
-# sdist
-
-
-_PROGRESS_LINES = ("Collecting", "Downloading", "Saved", "File was already downloaded", "Successfully downloaded")
-
-
-def _run_showing_lines(cmd: list[str], prefix: str) -> subprocess.CompletedProcess:
-    """Run cmd, echoing each output line to stderr (progress for a long download), keep the text."""
-    lines: list[str] = []
-    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace") as proc:
-        for line in proc.stdout:
-            lines.append(line)
-            if line.strip().startswith(_PROGRESS_LINES):  # the rest only goes into the error line
-                print(prefix + line.strip(), file=sys.stderr, flush=True)
-    return subprocess.CompletedProcess(cmd, proc.returncode, "".join(lines), "")
-
-
-def fetch_sdist(lock: Lock, python: str | None = None) -> Path:
-    """The verified sdist tarball for lock, from the cache or downloaded with pip."""
-    cdir = cache_subdir("sdist")
-    target = cdir / lock.sdist_filename
-    cached_digest = None
-    if target.exists():
-        cached_digest = sha256_file(target)
-        if cached_digest == lock.sdist_sha256:
-            return target
-        # Either the cache is damaged or the lock is wrong: download again to tell which, and
-        # replace the cached file only by a download that matches the lock.
-        say(f"cached {target.name} does not match sdist.sha256 (it has {cached_digest}); downloading again to check")
-    say(f"downloading {lock.sdist_filename} with pip (your pip configuration applies)")
-    with tempfile.TemporaryDirectory(prefix="sglpatch-dl-", dir=str(cdir)) as tmp:
-        cmd = [
-            python or sys.executable,
-            "-m",
-            "pip",
-            "download",
-            "--no-deps",
-            "--no-binary",
-            ":all:",
-            "--disable-pip-version-check",
-            "-d",
-            tmp,
-            f"{lock.name}=={lock.version}",
-        ]
-        proc = _run_showing_lines(cmd, prefix="  pip: ")
-        if proc.returncode != 0:
-            last = [line for line in proc.stdout.strip().splitlines() if line.strip()]
-            if cached_digest is not None:
-                raise LockError(
-                    f"upstream.lock: field sdist.sha256 does not match the cached {target} ({cached_digest}) and a new "
-                    f"download failed ({last[-1].strip() if last else 'exit ' + str(proc.returncode)}); fix sdist.sha256 "
-                    "in upstream.lock, or restore the network and re-run"
-                )
-            raise SglpatchError(
-                f"pip download of {lock.name}=={lock.version} failed ({last[-1] if last else 'exit ' + str(proc.returncode)}); "
-                "check the network / pip index and re-run"
-            )
-        got = Path(tmp) / lock.sdist_filename
-        if not got.exists():
-            raise SglpatchError(f"pip download did not produce {lock.sdist_filename}; found {sorted(os.listdir(tmp))}")
-        digest = sha256_file(got)
-        if lock.sdist_sha256 and digest != lock.sdist_sha256:
-            same = " (the same as the cached copy, so upstream.lock is what is wrong)" if digest == cached_digest else ""
-            raise LockError(
-                f"upstream.lock: field sdist.sha256 does not match the downloaded {lock.sdist_filename} (got {digest}){same}; "
-                "check the lock and your pip index, then re-run"
-            )
-        os.replace(got, target)
-    return target
 
 
 def _safe_extract(tarball: Path, dest: Path) -> str:
@@ -189,12 +98,11 @@ def scratch_dir(git: Git) -> str | None:
 
 
 def _commit_tree(git: Git, tree_root: Path, message: str) -> str:
-    with tempfile.TemporaryDirectory(prefix=tmp_prefix("idx"), dir=scratch_dir(git)) as tmp:
-        env = {"GIT_INDEX_FILE": str(Path(tmp) / "index")}
+    """The folder tree_root as a parentless commit with fixed identity and dates."""
+    with git.temp_index(scratch=scratch_dir(git)) as (env, _):
         git.run("--work-tree", str(tree_root), "add", "-A", "-f", ".", env=env)
         tree = git.run("write-tree", env=env)
-    env = {"GIT_AUTHOR_DATE": FIXED_DATE, "GIT_COMMITTER_DATE": FIXED_DATE}
-    return git.run("commit-tree", tree, input=message, env=env)
+    return git.commit_tree(tree, message)
 
 
 def _commits_match(a: str, b: str) -> bool:
@@ -202,7 +110,7 @@ def _commits_match(a: str, b: str) -> bool:
 
 
 def build_from_sdist(git: Git, lock: Lock, python: str | None = None) -> str:
-    tarball = fetch_sdist(lock, python)
+    tarball = artifacts.fetch_sdist(lock, python)
     with tempfile.TemporaryDirectory(prefix=tmp_prefix("sdist"), dir=scratch_dir(git)) as tmp:
         root = Path(tmp)
         dest = root / lock.sdist_subdir
@@ -263,7 +171,7 @@ def build_from_git(git: Git, lock: Lock, url: str | None = None) -> str:
     tag = validate_ref(lock.tag, "tag")
     if lock.commit == UNKNOWN_COMMIT:
         raise SglpatchError(f"upstream.lock records no commit for {tag} (the release records none); use --source sdist or wheel")
-    mirror = cache_dir() / "git" / (re.sub(r"[^A-Za-z0-9._-]+", "_", url.rstrip("/"))[-80:] + ".git")
+    mirror = artifacts.cache_dir() / "git" / (re.sub(r"[^A-Za-z0-9._-]+", "_", url.rstrip("/"))[-80:] + ".git")
     if not (mirror / "HEAD").exists():
         mirror.mkdir(parents=True, exist_ok=True)
         Git(mirror).run("init", "--bare", "-q")
@@ -277,8 +185,7 @@ def build_from_git(git: Git, lock: Lock, url: str | None = None) -> str:
             check=False, network=True, progress=True,
         )
         if rc != 0:
-            last = [line for line in err.strip().splitlines() if line.strip()]
-            raise SglpatchError(f"cannot fetch {tag} from {url}: {last[-1] if last else 'git fetch failed'}; try --source sdist")
+            raise SglpatchError(f"cannot fetch {tag} from {url}: {last_line(err, 'git fetch failed')}; try --source sdist")
     commit = mg.rev(f"refs/tags/{tag}")
     if not commit or not _commits_match(commit, lock.commit):
         raise LockError(f"upstream.lock: field upstream.commit ({lock.commit}) does not match tag {tag} at {url} ({commit})")
@@ -324,8 +231,7 @@ def source_reachable(url: str, tag: str, timeout: float = 8.0) -> tuple[bool, st
             return False, f"{url} did not answer within {timeout:.0f}s ({type(e).__name__})"
         if rc == 0 and out.strip():
             return True, f"{url} answered"
-        last = [line for line in err.strip().splitlines() if line.strip()]
-        return False, f"{url} is not reachable ({last[-1] if last else 'exit ' + str(rc)})"
+        return False, f"{url} is not reachable ({last_line(err, f'exit {rc}')})"
 
 
 def materialize(
@@ -369,8 +275,7 @@ def resolve_commit(project: Path) -> str:
             "ls-remote", "--end-of-options", url, f"refs/tags/{tag}", f"refs/tags/{tag}^{{}}", check=False, network=True, timeout=60
         )
     if rc != 0:
-        last = [line for line in err.strip().splitlines() if line.strip()]
-        raise SglpatchError(f"cannot reach {url} ({last[-1] if last else 'git ls-remote failed'}); upstream.commit left as {lock.commit}")
+        raise SglpatchError(f"cannot reach {url} ({last_line(err, 'git ls-remote failed')}); upstream.commit left as {lock.commit}")
     refs = dict(reversed(line.split("\t", 1)) for line in out.splitlines() if "\t" in line)
     full = refs.get(f"refs/tags/{tag}^{{}}") or refs.get(f"refs/tags/{tag}")
     if not full:

@@ -4,15 +4,9 @@ the new upstream, and the dry run (the upstream watch uses classify())."""
 from __future__ import annotations
 
 import hashlib
-import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-
-if sys.version_info >= (3, 11):
-    pass
-else:  # pragma: no cover
-    pass
 
 from sglpatch import mergecheck, stack, treecache
 from sglpatch import upstream as up
@@ -22,7 +16,7 @@ from sglpatch.gitcmd import Git
 from sglpatch.lock import Lock
 from sglpatch.series import PATCH_DIR, Entry, PatchFile, parse_patch, read_series
 from sglpatch.rebase.common import EXIT_HUMAN, EXIT_NOTHING, EXIT_UNATTENDED, Outcome, RESOLUTIONS_DIR, RebaseError, _table
-from sglpatch.rebase.merge import _blob, _commit_like, _conflict_regions, _failing_hunks, _three_way, _tree
+from sglpatch.rebase.merge import _commit_like, _conflict_regions, _failing_hunks, _three_way
 from sglpatch.rebase.upstreamed import _upstream_evidence
 from sglpatch.rebase.resolutions import Recorded, _rerere, conflict_key, lenient_resolutions, read_resolutions
 
@@ -31,9 +25,13 @@ from sglpatch.rebase.resolutions import Recorded, _rerere, conflict_key, lenient
 # the engine
 
 
+PLAN_FORMAT = 1  # of the saved Plan (state.json); state.load refuses any other, with the way out
+
+
 @dataclass
 class Plan:
-    """Everything a rebase needs, saved as state between --continue calls."""
+    """Everything a rebase needs, saved as state between --continue calls (state.json).
+    A change to its fields that an older sglpatch cannot read raises PLAN_FORMAT."""
 
     project: str
     source: str
@@ -51,6 +49,7 @@ class Plan:
     hand: dict[str, str] = field(default_factory=dict)  # name -> "replace"/"drop" resolved during this rebase
     orig: dict = field(default_factory=dict)
     stopped: dict = field(default_factory=dict)
+    format: int = PLAN_FORMAT
 
 
 def _step(
@@ -82,7 +81,7 @@ def _step(
         o.status = "exact"
     except SglpatchError:
         clean, tree, files = _three_way(git, head, old_parent, old_commit)
-        if clean and tree == _tree(git, head):
+        if clean and tree == git.tree_of(head):
             o.status, o.action = "upstream", "drop"
             o.how = "verified: the 3-way result equals the new upstream"
             return o
@@ -94,8 +93,8 @@ def _step(
                 o.status, o.how, o.hunks = "3way-broken", f"3-way but broken: {problems[0]}", problems
                 o.files = sorted({x.split(":", 1)[0] for x in problems})
         else:
-            modified = [f for f in patch.files if _blob(git, old_parent, f) is not None]
-            gone = [f for f in modified if _blob(git, head, f) is None]
+            modified = [f for f in patch.files if git.blob_text(old_parent, f) is not None]
+            gone = [f for f in modified if git.blob_text(head, f) is None]
             o.status = "obsolete" if modified and len(gone) == len(modified) else "conflict"
             o.files = files
             o.hunks = _failing_hunks(git, head, patch, entry.strip)

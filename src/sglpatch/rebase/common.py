@@ -2,13 +2,7 @@
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass, field
-
-if sys.version_info >= (3, 11):
-    pass
-else:  # pragma: no cover
-    pass
 
 from sglpatch import exitcodes
 from sglpatch.errors import SglpatchError

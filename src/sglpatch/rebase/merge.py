@@ -2,18 +2,8 @@
 
 from __future__ import annotations
 
-import sys
-import tempfile
-from pathlib import Path
-
-if sys.version_info >= (3, 11):
-    pass
-else:  # pragma: no cover
-    pass
-
 from sglpatch import upstream as up
-from sglpatch.fsutil import tmp_prefix
-from sglpatch.gitcmd import FIXED_DATE, Git
+from sglpatch.gitcmd import Git, last_line
 from sglpatch.series import PatchFile, hunks_by_path, parse_patch
 from sglpatch.rebase.common import RebaseError
 
@@ -22,21 +12,10 @@ from sglpatch.rebase.common import RebaseError
 # git helpers (all through gitcmd.Git)
 
 
-def _tree(git: Git, commit: str) -> str:
-    return git.tree_of(commit)
-
-
-def _blob(git: Git, commit: str, path: str) -> str | None:
-    return git.blob_text(commit, path)
-
-
 def _fixed_commit(git: Git, tree: str, parents: list[str], message: str) -> str:
     key = (str(git.workdir), tree, tuple(parents), message)  # fixed identity and dates: the same id every time
     if key not in _FIXED:
-        args = ["commit-tree", tree]
-        for p in parents:
-            args += ["-p", p]
-        _FIXED[key] = git.run(*args, input=message, env={"GIT_AUTHOR_DATE": FIXED_DATE, "GIT_COMMITTER_DATE": FIXED_DATE})
+        _FIXED[key] = git.commit_tree(tree, message, parents)
     return _FIXED[key]
 
 
@@ -59,7 +38,7 @@ def _commit_like(git: Git, tree: str, parent: str, like: str) -> str:
         "GIT_AUTHOR_DATE": date,
         "GIT_COMMITTER_DATE": date,
     }
-    return git.run("commit-tree", tree, "-p", parent, input=message, env=env)
+    return git.commit_tree(tree, message, [parent], env=env)
 
 
 def _three_way(git: Git, head: str, old_parent: str, old_commit: str) -> tuple[bool, str, list[str]]:
@@ -68,14 +47,13 @@ def _three_way(git: Git, head: str, old_parent: str, old_commit: str) -> tuple[b
     Synthetic commits give `git merge-tree --write-tree` the old parent as merge base
     (git < 2.40 has no --merge-base). Returns (clean, tree, conflicting paths).
     """
-    base = _fixed_commit(git, _tree(git, old_parent), [], "merge base\n")
-    ours = _fixed_commit(git, _tree(git, head), [base], "ours\n")
-    theirs = _fixed_commit(git, _tree(git, old_commit), [base], "theirs\n")
+    base = _fixed_commit(git, git.tree_of(old_parent), [], "merge base\n")
+    ours = _fixed_commit(git, git.tree_of(head), [base], "ours\n")
+    theirs = _fixed_commit(git, git.tree_of(old_commit), [base], "theirs\n")
     rc, out, err = git.run("merge-tree", "--write-tree", "--name-only", "--no-messages", ours, theirs, check=False)
     lines = out.strip().splitlines()
     if rc not in (0, 1) or not lines:
-        last = [x for x in err.strip().splitlines() if x.strip()]
-        raise RebaseError(f"git merge-tree failed: {last[-1] if last else 'exit ' + str(rc)}")
+        raise RebaseError(f"git merge-tree failed: {last_line(err, f'exit {rc}')}")
     tree = lines[0].strip()
     files = []
     for x in lines[1:]:
@@ -86,13 +64,6 @@ def _three_way(git: Git, head: str, old_parent: str, old_commit: str) -> tuple[b
     return rc == 0, tree, files
 
 
-def _with_temp_index(git: Git, base: str, fn):
-    with tempfile.TemporaryDirectory(prefix=tmp_prefix("rb"), dir=up.scratch_dir(git)) as tmp:
-        env = {"GIT_INDEX_FILE": str(Path(tmp) / "index")}
-        git.run("read-tree", base, env=env)
-        return fn(env, Path(tmp))
-
-
 def _new_sides_present(git: Git, head: str, patch: PatchFile, strip: int) -> bool:
     """Whether every hunk's new side (context and added lines) is somewhere in head's file:
     without that, the patch cannot reverse-apply (git apply takes no fuzz), and git need not
@@ -101,7 +72,7 @@ def _new_sides_present(git: Git, head: str, patch: PatchFile, strip: int) -> boo
     for d in diffs:
         if d.new is None:
             continue  # a deleted file: git decides
-        text = _blob(git, head, d.new)
+        text = git.blob_text(head, d.new)
         if text is None:
             return False
         lines = text.split("\n")
@@ -113,17 +84,15 @@ def _new_sides_present(git: Git, head: str, patch: PatchFile, strip: int) -> boo
 
 
 def _reverse_applies(git: Git, head: str, data: bytes, strip: int) -> bool:
-    def go(env, tmp):
+    with git.temp_index(head, scratch=up.scratch_dir(git), prefix="rb") as (env, tmp):
         pf = tmp / "patch"
         pf.write_bytes(data)
         rc, _, _ = git.run("apply", "--cached", "-R", "--check", f"-p{strip}", "--", str(pf), env=env, check=False)
         return rc == 0
 
-    return _with_temp_index(git, head, go)
-
 
 def _conflict_regions(git: Git, tree: str, path: str) -> list[str]:
-    text = _blob(git, tree, path)
+    text = git.blob_text(tree, path)
     if text is None:
         return [f"{path}: deleted on one side, changed on the other"]
     regions, start = [], None
@@ -140,7 +109,7 @@ def _failing_hunks(git: Git, head: str, patch: PatchFile, strip: int) -> list[st
     """Hunks of the patch whose old lines are nowhere in the new tree."""
     out = []
     for path, hunks in hunks_by_path(patch, strip).items():
-        text = _blob(git, head, path)
+        text = git.blob_text(head, path)
         if text is None:
             out.append(f"{path}: file is gone from the new upstream")
             continue

@@ -5,20 +5,14 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
-
+from sglpatch import toml
 from sglpatch.errors import SglpatchError, say
 from sglpatch.fsutil import inside, write_if_changed
 from sglpatch.gitcmd import Git
 from sglpatch.rebase.common import Outcome, RESOLUTIONS_DIR, RebaseError
-from sglpatch.rebase.merge import _blob
 
 
 # --------------------------------------------------------------------------------------
@@ -49,8 +43,8 @@ def _checked(project: Path, path: Path) -> Path:
 
 def _toml(project: Path, f: Path) -> dict:
     try:
-        data = tomllib.loads(_checked(project, f).read_text(encoding="utf-8"))
-    except tomllib.TOMLDecodeError as e:
+        data = toml.loads(_checked(project, f).read_text(encoding="utf-8"))
+    except toml.TOMLDecodeError as e:
         raise RebaseError(f"{f}: not valid TOML ({e})") from None
     except UnicodeDecodeError as e:
         raise RebaseError(f"{f}: not UTF-8 text (byte {e.start})") from None
@@ -137,7 +131,7 @@ def conflict_key(git: Git, tree: str, files: list[str]) -> str:
     conflict region (both sides) of the 3-way result, marker labels dropped, hashed."""
     h = hashlib.sha256()
     for path in sorted(files):
-        text = _blob(git, tree, path)
+        text = git.blob_text(tree, path)
         h.update(f"{path}\0".encode())
         if text is None:
             h.update(b"gone\0")

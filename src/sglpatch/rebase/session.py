@@ -18,7 +18,7 @@ from sglpatch.gitcmd import Git
 from sglpatch.lock import Lock, write_lock
 from sglpatch.series import PATCH_DIR
 from sglpatch.rebase.common import CHANGELOG, Outcome, REF_PREFIX, REPORTS_DIR, RESOLUTIONS_DIR, RebaseError, RebaseStopped, _table
-from sglpatch.rebase.merge import _commit_like, _tree
+from sglpatch.rebase.merge import _commit_like
 from sglpatch.rebase.resolutions import Recorded, read_resolutions, write_resolutions
 from sglpatch.rebase.classify import Plan, _in_sync_stack, _prepare, _run_steps
 from sglpatch.rebase import state
@@ -196,7 +196,7 @@ def _resolved(git: Git, plan: Plan, skip: bool) -> None:
         if left:
             raise RebaseError(f"conflict markers are still in {', '.join(left)}; resolve them, then --continue again")
         tree = git.run("write-tree")
-        if tree == _tree(git, plan.head):
+        if tree == git.tree_of(plan.head):
             o.action, o.how = "skip", "the resolution left no change: dropped"
             plan.hand[o.name] = "drop"
         else:

@@ -2,7 +2,8 @@
 project were before (orig.json), the project's files before (project/), and the journal of what
 the finishing step wrote in the project (written.json), which is what --abort undoes.
 
-    state.json     the Plan, saved after every step (--continue goes on from it)
+    state.json     the Plan, saved after every step (--continue goes on from it); its "format"
+                   (classify.PLAN_FORMAT, now 1) must be this sglpatch's, else it is refused
     orig.json      DIR's branch, HEAD, upstream, patched, applied record, and the project path
     project/       manifest.json + files/: the project files the rebase may write, as they were
     written.json   {path: sha256 written | null (removed)}, each entry recorded before the write
@@ -20,7 +21,7 @@ from pathlib import Path
 
 from sglpatch.fsutil import inside, no_link, read_journal, write_if_changed
 from sglpatch.gitcmd import Git
-from sglpatch.rebase.classify import Plan
+from sglpatch.rebase.classify import PLAN_FORMAT, Plan
 from sglpatch.rebase.common import CHANGELOG, REPORTS_DIR, RESOLUTIONS_DIR, RebaseError, STATE_DIR
 from sglpatch.series import PATCH_DIR, SERIES_NAME
 
@@ -44,6 +45,16 @@ def _damaged(git: Git, f: Path, why: str) -> RebaseError:
     return RebaseError(
         f"{f} is damaged ({why}): the rebase cannot go on from it; `sglpatch rebase --workdir {wd} --abort` "
         f"puts {wd} and the project back as they were"
+    )
+
+
+def _other_format(git: Git, f: Path, got) -> RebaseError:
+    wd = git.workdir
+    which = "no format number (an older sglpatch)" if got is None else f"format {json.dumps(got)}"
+    return RebaseError(
+        f"{f} has {which}, and this sglpatch reads format {PLAN_FORMAT} only: `sglpatch rebase --workdir {wd} --abort` "
+        f"puts {wd} and the project back as they were (or finish it with the sglpatch that started it, "
+        f"or delete {f.parent}, which forgets the rebase without restoring anything)"
     )
 
 
@@ -88,7 +99,10 @@ def load(git: Git) -> Plan:
         raise RebaseError(f"no rebase in progress in {git.workdir}")
     try:
         text = f.read_text(encoding="utf-8")
-        return plan_from(json.loads(text))
+        data = json.loads(text)
+        if isinstance(data, dict) and data.get("format") != PLAN_FORMAT:
+            raise _other_format(git, f, data.get("format"))
+        return plan_from(data)
     except (OSError, UnicodeDecodeError) as e:
         raise _damaged(git, f, str(e)) from None
     except ValueError as e:

@@ -7,14 +7,9 @@ import builtins
 import functools
 import sys
 
-if sys.version_info >= (3, 11):
-    pass
-else:  # pragma: no cover
-    pass
-
 from sglpatch.gitcmd import Git
 from sglpatch.series import Entry, PatchFile
-from sglpatch.rebase.merge import _blob, _new_sides_present, _reverse_applies
+from sglpatch.rebase.merge import _new_sides_present, _reverse_applies
 
 
 # --------------------------------------------------------------------------------------
@@ -310,9 +305,9 @@ def _definitions_present(git: Git, head: str, old_parent: str, old_commit: str, 
     for path in patch.files:
         if not path.endswith(".py"):
             return False, f"{path} is not Python"
-        pre_text = _blob(git, old_parent, path) or ""
-        post_text = _blob(git, old_commit, path)
-        new_text = _blob(git, head, path)
+        pre_text = git.blob_text(old_parent, path) or ""
+        post_text = git.blob_text(old_commit, path)
+        new_text = git.blob_text(head, path)
         if post_text is None:
             return False, f"the patch deletes {path}"
         if new_text is None:
