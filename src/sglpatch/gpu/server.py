@@ -23,7 +23,6 @@ import http.client
 import json
 import re
 import socket
-import subprocess
 import sys
 import time
 import urllib.error
@@ -31,9 +30,12 @@ import urllib.request
 from pathlib import Path
 
 from sglpatch.gpu.allreduce_evidence import allreduce_backend
+from sglpatch.gpu.doctor import gate_server
+from sglpatch.gpu.mode_requires import split
 from sglpatch.gpu.procs import ManagedProcess, tail
 from sglpatch.gpu.profiles import expand, usage_error
 from sglpatch.gpu.report import TierResult
+from sglpatch.gpu.served import imported_sglang, version_tuple
 from sglpatch.gpu.server_report import (
     bench_metrics,
     mode_table,
@@ -196,12 +198,6 @@ def run_bench(server: ManagedProcess, scanner: CrashScanner, cmd: list[str], env
 # =========================================================================== env by sglang version
 
 
-def version_tuple(v: str | None) -> tuple[int, ...]:
-    """"0.5.10.post1" -> (0, 5, 10); "" -> ()."""
-    m = re.match(r"\s*v?(\d+(?:\.\d+)*)", str(v or ""))
-    return tuple(int(x) for x in m.group(1).split(".")) if m else ()
-
-
 def version_env(srv: dict, version: str | None) -> tuple[dict, list[str]]:
     """The env [[server.version_env]] adds for this sglang version, and why (one line per rule)."""
     env, why = {}, []
@@ -216,38 +212,6 @@ def version_env(srv: dict, version: str | None) -> tuple[dict, list[str]]:
                        + (f" and < {rule['max_version']}" if hi else "") + f": {rule['env']}"
                        + (f" ({rule['why']})" if rule.get("why") else ""))
     return env, why
-
-
-# =========================================================================== what served
-
-
-def imported_sglang(python: str, env: dict, project: Path) -> dict:
-    """Which sglang the server's interpreter imports and, when it is an sglpatch workdir
-    (<workdir>/python/sglang), the patches it carries (stack.carried / stack.status)."""
-    code = "import sglang, sys; print(sglang.__file__); print(getattr(sglang, '__version__', '?'))"
-    try:
-        p = subprocess.run([python, "-c", code], env=env, capture_output=True, text=True, timeout=300)
-    except (OSError, subprocess.TimeoutExpired) as e:
-        return {"python": python, "error": f"cannot run {python}: {e}"}
-    if p.returncode != 0:
-        return {"python": python, "error": "sglang does not import: " + (p.stderr.strip().splitlines() or ["?"])[-1]}
-    lines = p.stdout.strip().splitlines()
-    file, version = Path(lines[-2]).resolve(), lines[-1]
-    out = {"python": python, "sglang_file": str(file), "sglang_version": version}
-    workdir = file.parents[2] if len(file.parents) > 2 else file.parent
-    if not (workdir / ".git").exists():
-        out["patches_note"] = f"{file} is not in an sglpatch workdir (<workdir>/python/sglang): patches unknown"
-        return out
-    out["workdir"] = str(workdir)
-    try:
-        if not (project / "series").is_file():
-            raise RuntimeError(f"no sglpatch series in {project} (pass --project)")
-        from sglpatch.gpu.series_side import patches_of
-
-        out.update(patches_of(project, workdir))
-    except Exception as e:  # noqa: BLE001 — a record, not a verdict (GitPython may be absent on the box)
-        out["patches_note"] = f"cannot read the workdir's patches: {type(e).__name__}: {e}"
-    return out
 
 
 # =========================================================================== one mode
@@ -376,8 +340,6 @@ def tier_server(prof: dict, project: Path, report_dir: Path, base_env: dict, mod
                      f"(has {len(bench['prompts'])}); repeated prompts would hit the radix cache")
     python = expand(srv["python"] or sys.executable)
     if doctor:
-        from sglpatch.gpu.doctor import gate_server
-
         refused = gate_server(prof, python, project, report_dir, {**base_env, **srv.get("env", {})})
         if refused is not None:
             return refused
@@ -391,8 +353,7 @@ def tier_server(prof: dict, project: Path, report_dir: Path, base_env: dict, mod
         srv = {**srv, "env": {**srv.get("env", {}), **venv, **{k: str(v) for k, v in (side_env or {}).items()}}}
     tr.data["version_env"] = why
     tr.data["side_env"] = side_env or {}
-    from sglpatch.gpu.mode_requires import split  # a mode's requires_import / min_sglang, before any load
-
+    # a mode's requires_import / min_sglang, before any load
     selected, tr.data["skipped_modes"] = split(selected, python, base_env, tr.data["served_by"].get("sglang_version"))
     if not selected:
         tr.status, tr.summary = "cannot_run", "; ".join(f"{m['mode']}: {m['why']}" for m in tr.data["skipped_modes"])
