@@ -19,7 +19,7 @@ import pytest
 from sglpatch.gpu import doctor_checks as dc
 from sglpatch.gpu import doctor_gpu as dg
 from sglpatch.gpu import profiles, topology
-from sglpatch.gpu.server import imported_sglang
+from sglpatch.gpu.served import imported_sglang
 
 ROOT = Path(__file__).resolve().parents[1]
 TOPO = ROOT / "tests" / "fixtures" / "topo"

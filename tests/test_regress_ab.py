@@ -27,6 +27,7 @@ from test_regress_server import (  # noqa: F401 — fixtures
 from sglpatch.errors import SglpatchError
 from sglpatch.gpu import regress
 from sglpatch.gpu import server as regress_server
+from sglpatch.gpu import server_report
 from sglpatch.gpu.allreduce_evidence import IPC_NAME, NCCL_NAME, P2_NAME, UNKNOWN, allreduce_backend
 
 MODES = """
@@ -195,9 +196,9 @@ def test_version_rules_and_p4_verify_ms():
     assert regress_server.version_env(srv, "0.5.10.post1")[0] == {"Y": "1"}
     assert regress_server.version_env(srv, "0.5.9")[0] == {} and regress_server.version_env(srv, "?")[0] == {}
     vp = {"median_of_records": {"verify_ms_median": 21.5}, "last": {"verify_ms_median": 30.0}}
-    assert regress_server.verify_ms_of(vp) == 21.5
-    assert regress_server.verify_ms_of({"last": {"verify_ms": {"median": 7.0}}}) == 7.0
-    assert regress_server.verify_ms_of(None) is None
+    assert server_report.verify_ms_of(vp) == 21.5
+    assert server_report.verify_ms_of({"last": {"verify_ms": {"median": 7.0}}}) == 7.0
+    assert server_report.verify_ms_of(None) is None
     from sglpatch.gpu.server_ab import install_label
 
     assert install_label(str(Path.home() / "ml-env" / "bin" / "python3"), "0.5.9") == "0.5.9 (~/ml-env)"

@@ -19,6 +19,7 @@ from conftest import copy_project
 from sglpatch.errors import SglpatchError
 from sglpatch.gpu import profiles, regress
 from sglpatch.gpu import server as regress_server
+from sglpatch.gpu import server_report
 
 ROOT = Path(__file__).resolve().parents[1]
 STANDIN = ROOT / "tests" / "standin_server.py"
@@ -168,10 +169,10 @@ def test_bench_command_uses_only_flags_of_the_installed_bench_serving(patched_tr
 
 
 def test_first_difference_names_request_and_position():
-    assert regress_server.first_difference(["a b", "c d"], ["a b", "c d"]) is None
-    d = regress_server.first_difference(["a b", "c dx e"], ["a b", "c dy e"])
+    assert server_report.first_difference(["a b", "c d"], ["a b", "c d"]) is None
+    d = server_report.first_difference(["a b", "c dx e"], ["a b", "c dy e"])
     assert d["request"] == 1 and d["char"] == 3 and d["common_prefix_words"] == 1
-    assert regress_server.bench_order(3, 3, 1) == [1, 2, 0]  # random.seed(1); shuffle, as bench_serving
+    assert server_report.bench_order(3, 3, 1) == [1, 2, 0]  # random.seed(1); shuffle, as bench_serving
 
 
 # ----------------------------------------------------------------------------- end to end
@@ -217,7 +218,7 @@ def test_server_tier_runs_sglang_bench_serving(serve, tmp_path, patched_tree):
     calls = re.findall(r"standin: POST (/\S+)(?: max_new_tokens=(\d+) prompt='(.*)')?", log)
     assert [c[0] for c in calls] == ["/generate", "/flush_cache"] + ["/generate"] * len(PROMPTS)
     sent = [c[2] for c in calls[2:]]
-    order = regress_server.bench_order(len(PROMPTS), len(PROMPTS), 1234)
+    order = server_report.bench_order(len(PROMPTS), len(PROMPTS), 1234)
     assert sent == [f"<|user|> {PROMPTS[i]} <|assistant|> " for i in order]
     assert {c[1] for c in calls[2:]} == {"24"}
     # what served: the interpreter's sglang is the patched workdir, with its patches
@@ -279,7 +280,7 @@ def test_parity_between_modes_and_with_an_earlier_report(serve, tmp_path):
     (p2,) = srv["parity"]
     assert p2["status"] == "differ" and res["exit_code"] == 1
     first = p2["first_difference"]
-    order = regress_server.bench_order(len(PROMPTS), len(PROMPTS), 1234)
+    order = server_report.bench_order(len(PROMPTS), len(PROMPTS), 1234)
     assert first["request"] == 0 and first["prompt"] == PROMPTS[order[0]] and first["common_prefix_words"] == 5
     assert first["token"] == 5  # counted with the model's tokenizer (one word = one token here)
     assert any(f.startswith("parity P2: request 0") for f in srv["failures"])

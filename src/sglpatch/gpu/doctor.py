@@ -35,7 +35,7 @@ from sglpatch.gpu import doctor_procs as dp
 from sglpatch.gpu import topology
 from sglpatch.gpu.profiles import expand, find_project_root, load_profile, resolve_profile_path
 from sglpatch.gpu.report import TierResult
-from sglpatch.gpu.server import imported_sglang, version_tuple
+from sglpatch.gpu.served import imported_sglang, version_tuple
 
 EXIT_OK, EXIT_FAIL, EXIT_CANNOT_RUN = exitcodes.OK, exitcodes.ERROR, exitcodes.CANNOT_RUN
 DESCRIPTION = ("Check the box before a load: stale GPU processes, the serving Python and what it sees, driver and "

@@ -1,7 +1,7 @@
 """`sglpatch doctor`, checks 2 and 3: the Python that serves, and the driver and toolkits.
 
 Each function turns facts into one `Check`; the facts come from a child run of the serving
-interpreter (`doctor_probe.py`, so its start-up files count), from `server.imported_sglang`
+interpreter (`doctor_probe.py`, so its start-up files count), from `served.imported_sglang`
 (which sglang, which patches its workdir carries: the series side's status), and from the box
 (nvidia-smi through `sglpatch.preflight`'s rules, /dev/shm, /proc/meminfo).
 """
@@ -67,7 +67,7 @@ def probe_python(python: str, env: dict, timeout: float = 300.0) -> dict:
 
 
 def check_sglang(served: dict) -> Check:
-    """From server.imported_sglang: the file, version and the workdir's patches."""
+    """From served.imported_sglang: the file, version and the workdir's patches."""
     if served.get("error"):
         return Check("sglang", "fail", f"{served.get('python')}: {served['error']}",
                      "install the patched tree into that Python (`scripts/apply.sh --python PY`) or pass --python")

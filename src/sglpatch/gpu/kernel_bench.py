@@ -51,7 +51,7 @@ import time
 import traceback
 
 from sglpatch.gpu.kbench.backends import ALL_BACKENDS, backend_class
-from sglpatch.gpu.kbench.common import Ctx, Unavailable, Watchdog, gather, percentile
+from sglpatch.gpu.kbench.common import Ctx, Watchdog, gather, percentile, set_up_backend
 from sglpatch.gpu.kbench.hardware import cpu_info, hardware_info, nvlink_from_topo
 from sglpatch.gpu.kbench.measure import measure
 from sglpatch.gpu.kbench.stress import (STRESS_DEFAULT_SIZES, STRESS_SCHEMA, MismatchRing, group_plan,
@@ -159,29 +159,6 @@ def setup(args) -> tuple[Ctx, dict]:
     ctx.scratch_dir = args.scratch_dir or os.path.dirname(os.path.abspath(args.out))
     ctx.fault = parse_fault(args.selftest_fault, args.stress, world_size)
     return ctx, unset
-
-
-def set_up_backend(ctx, cls, label: str, log):
-    """Construct on every rank and agree on the outcome, so nobody enters a collective alone:
-    (backend, None) or (None, (kind, reason)) with kind absent | error."""
-    state, msg, backend = "ok", "", None
-    try:
-        backend = cls(ctx.torch, ctx.dist, ctx)
-    except Unavailable as e:
-        state, msg = "absent", str(e)
-    except Exception as e:  # noqa: BLE001
-        state, msg = "error", f"{type(e).__name__}: {e}"
-        if ctx.rank == 0:
-            traceback.print_exc()
-    bad = [s for s in gather(ctx, (state, msg)) if s[0] != "ok"]
-    if not bad:
-        return backend, None
-    kind = "error" if any(s[0] == "error" for s in bad) else "absent"
-    reason = next(s[1] for s in bad if s[0] == kind)
-    log(f"{label}: {kind}: {reason}")
-    if backend is not None:
-        backend.close()
-    return None, (kind, reason)
 
 
 def measure_row(ctx, backend, label: str, rows: int, mode: str, reason: str | None, wd) -> dict:

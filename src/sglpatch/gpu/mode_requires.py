@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import subprocess
 
-from sglpatch.gpu.server import version_tuple
+from sglpatch.gpu.served import version_tuple
 
 CHECK = ("import importlib, sys\n"
          "for m in sys.argv[1:]:\n"

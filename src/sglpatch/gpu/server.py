@@ -1,4 +1,4 @@
-"""Tier server: the patched SGLang server, measured with SGLang's own `bench_serving`.
+"""Tier server, the run: the patched SGLang server, measured with SGLang's own `bench_serving`.
 
 For each selected `[[server.modes]]`: launch the server (own session, profile env), wait for
 `/health` reacting only to real crash lines, run
@@ -6,13 +6,13 @@ For each selected `[[server.modes]]`: launch the server (own session, profile en
     python -m sglang.bench_serving --backend sglang --dataset-name custom --apply-chat-template
         --max-concurrency 1 --flush-cache --warmup-requests N --output-file bench-MODE.jsonl ...
 
-from the same interpreter that serves (so the installed, patched sglang's tool), parse its
-JSONL (never its stdout), stop every process started.  The report gives SGLang's metrics by
-their names plus the derived single-stream tok/s = 1000 / median TPOT, which is what the
-profile's baseline (82 tok/s) is compared with; what served (`/get_server_info`, the
-patches the imported sglang carries, the env); and output parity between pairs of modes
-(`[[server.parity]]`) or against an earlier report (`--parity-with`): greedy outputs that
-differ fail the tier and the first difference is shown.
+from the same interpreter that serves (so the installed, patched sglang's tool), stop every
+process started.  What the run left is read and reported by `server_report`: bench_serving's
+JSONL (never its stdout) with SGLang's metrics by their names plus the derived single-stream
+tok/s = 1000 / median TPOT, which is what the profile's baseline (82 tok/s) is compared with;
+what served (`/get_server_info`, the patches the imported sglang carries, the env); and output
+parity between pairs of modes (`[[server.parity]]`) or against an earlier report
+(`--parity-with`): greedy outputs that differ fail the tier and the first difference is shown.
 """
 
 from __future__ import annotations
@@ -21,31 +21,33 @@ import contextlib
 import hashlib
 import http.client
 import json
-import random
 import re
-import shlex
 import socket
-import statistics
-import subprocess
 import sys
 import time
 import urllib.error
 import urllib.request
 from pathlib import Path
 
-from sglpatch.gpu.allreduce_evidence import allreduce_backend, describe
+from sglpatch.gpu.allreduce_evidence import allreduce_backend
+from sglpatch.gpu.doctor import gate_server
+from sglpatch.gpu.mode_requires import split
 from sglpatch.gpu.procs import ManagedProcess, tail
 from sglpatch.gpu.profiles import expand, usage_error
-from sglpatch.gpu.report import TierResult, fmt
-
-# the numbers bench_serving writes to --output-file, by its own names
-BENCH_METRICS = ("completed", "duration", "total_input_tokens", "total_output_tokens", "request_throughput",
-                 "output_throughput", "median_tpot_ms", "mean_tpot_ms", "p99_tpot_ms", "median_ttft_ms",
-                 "mean_ttft_ms", "median_itl_ms", "median_e2e_latency_ms", "accept_length", "max_concurrency")
-# server args worth a line in the report (the whole /get_server_info goes to server_info-MODE.json)
-SERVER_ARG_KEYS = ("model_path", "tp_size", "dp_size", "ep_size", "random_seed", "mem_fraction_static",
-                   "cuda_graph_max_bs", "attention_backend", "disable_custom_all_reduce",
-                   "enable_flashinfer_allreduce_fusion", "disable_radix_cache", "chunked_prefill_size")
+from sglpatch.gpu.report import TierResult
+from sglpatch.gpu.served import imported_sglang, version_tuple
+from sglpatch.gpu.server_report import (
+    bench_metrics,
+    mode_table,
+    num_requests,
+    parity_checks,
+    read_bench,
+    read_verify_profile,
+    served_summary,
+    tier_markdown,
+    tier_summary,
+    token_differ,
+)
 
 # =========================================================================== launch + health
 
@@ -170,19 +172,6 @@ def bench_command(srv: dict, python: str, prompts_file: Path | str, out_file: Pa
     return cmd + [str(a) for a in b.get("extra_args", [])]
 
 
-def num_requests(bench: dict) -> int:
-    n = bench.get("num_requests")
-    return len(bench["prompts"]) if n is None else int(n)
-
-
-def bench_order(n_prompts: int, n: int, seed: int) -> list[int]:
-    """Which prompt each of bench_serving's requests carries: its custom sampler runs after
-    `random.seed(--seed)` and shuffles the prompts once (sglang 0.5.9)."""
-    idx = list(range(n_prompts))
-    random.Random(seed).shuffle(idx)
-    return idx[:n]
-
-
 def run_bench(server: ManagedProcess, scanner: CrashScanner, cmd: list[str], env: dict, log: Path,
               timeout_s: float) -> dict:
     """Run bench_serving while watching the server: a crash line or the server's death stops it."""
@@ -206,93 +195,7 @@ def run_bench(server: ManagedProcess, scanner: CrashScanner, cmd: list[str], env
     return {"rc": bp.popen.returncode, "error": why, "survivors": survivors, "wall_s": round(time.monotonic() - t0, 1)}
 
 
-def read_bench(path: Path) -> dict | None:
-    """The last JSON line bench_serving appended to --output-file."""
-    if not path.is_file():
-        return None
-    for ln in reversed(path.read_text(errors="replace").splitlines()):
-        with contextlib.suppress(json.JSONDecodeError):
-            rec = json.loads(ln)
-            if isinstance(rec, dict):
-                return rec
-    return None
-
-
-def bench_metrics(rec: dict) -> dict:
-    m = {k: rec.get(k) for k in BENCH_METRICS}
-    tpot = rec.get("median_tpot_ms")
-    m["single_stream_tok_s"] = round(1000.0 / tpot, 2) if tpot else None
-    return m
-
-
-def served_summary(info: dict | None) -> dict:
-    if not isinstance(info, dict):
-        return {}
-    out = {"version": info.get("version")}
-    out["server_args"] = {k: info[k] for k in SERVER_ARG_KEYS if k in info}
-    out["speculative"] = {k: v for k, v in info.items() if k.startswith("speculative_") and v is not None}
-    states = info.get("internal_states") or [{}]
-    if isinstance(states, list) and states and isinstance(states[0], dict):
-        out["avg_spec_accept_length"] = states[0].get("avg_spec_accept_length")
-    return out
-
-
-# =========================================================================== P4's verify profile
-
-
-def _find_key(obj, key):
-    if isinstance(obj, dict):
-        if key in obj:
-            return obj[key]
-        for v in obj.values():
-            r = _find_key(v, key)
-            if r is not None:
-                return r
-    elif isinstance(obj, list):
-        for v in obj:
-            r = _find_key(v, key)
-            if r is not None:
-                return r
-    return None
-
-
-def read_verify_profile(path: Path) -> dict | None:
-    """P4's JSON lines (draft_ms/verify_ms/extend_ms/cycle_ms, accept_length, tok_s,
-    break_even_accept_length); returns the last record plus medians of numeric fields."""
-    if not path.is_file():
-        return None
-    recs = []
-    for ln in path.read_text(errors="replace").splitlines():
-        with contextlib.suppress(json.JSONDecodeError):
-            r = json.loads(ln)
-            if isinstance(r, dict):
-                recs.append(r)
-    if not recs:
-        return {"records": 0}
-    med = {}
-    for key in {k for r in recs for k, v in r.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}:
-        vals = [r[key] for r in recs if isinstance(r.get(key), (int, float))]
-        med[key] = statistics.median(vals)
-    return {"records": len(recs), "last": recs[-1], "median_of_records": med,
-            "break_even_accept_length": _find_key(recs[-1], "break_even_accept_length")}
-
-
-def verify_ms_of(vp: dict | None) -> float | None:
-    """P4's verify ms: the median over the file's records of `verify_ms_median` (P4's record,
-    version 2; one record per `interval` cycles), else a nested `verify_ms.median`."""
-    vp = vp or {}
-    v = (vp.get("median_of_records") or {}).get("verify_ms_median")
-    if v is None:
-        v = (vp.get("last") or {}).get("verify_ms")
-        if isinstance(v, dict):
-            v = v.get("median", v.get("p50"))
-    return round(float(v), 3) if isinstance(v, (int, float)) else None
-
-
-def version_tuple(v: str | None) -> tuple[int, ...]:
-    """"0.5.10.post1" -> (0, 5, 10); "" -> ()."""
-    m = re.match(r"\s*v?(\d+(?:\.\d+)*)", str(v or ""))
-    return tuple(int(x) for x in m.group(1).split(".")) if m else ()
+# =========================================================================== env by sglang version
 
 
 def version_env(srv: dict, version: str | None) -> tuple[dict, list[str]]:
@@ -309,38 +212,6 @@ def version_env(srv: dict, version: str | None) -> tuple[dict, list[str]]:
                        + (f" and < {rule['max_version']}" if hi else "") + f": {rule['env']}"
                        + (f" ({rule['why']})" if rule.get("why") else ""))
     return env, why
-
-
-# =========================================================================== what served
-
-
-def imported_sglang(python: str, env: dict, project: Path) -> dict:
-    """Which sglang the server's interpreter imports and, when it is an sglpatch workdir
-    (<workdir>/python/sglang), the patches it carries (stack.carried / stack.status)."""
-    code = "import sglang, sys; print(sglang.__file__); print(getattr(sglang, '__version__', '?'))"
-    try:
-        p = subprocess.run([python, "-c", code], env=env, capture_output=True, text=True, timeout=300)
-    except (OSError, subprocess.TimeoutExpired) as e:
-        return {"python": python, "error": f"cannot run {python}: {e}"}
-    if p.returncode != 0:
-        return {"python": python, "error": "sglang does not import: " + (p.stderr.strip().splitlines() or ["?"])[-1]}
-    lines = p.stdout.strip().splitlines()
-    file, version = Path(lines[-2]).resolve(), lines[-1]
-    out = {"python": python, "sglang_file": str(file), "sglang_version": version}
-    workdir = file.parents[2] if len(file.parents) > 2 else file.parent
-    if not (workdir / ".git").exists():
-        out["patches_note"] = f"{file} is not in an sglpatch workdir (<workdir>/python/sglang): patches unknown"
-        return out
-    out["workdir"] = str(workdir)
-    try:
-        if not (project / "series").is_file():
-            raise RuntimeError(f"no sglpatch series in {project} (pass --project)")
-        from sglpatch.gpu.series_side import patches_of
-
-        out.update(patches_of(project, workdir))
-    except Exception as e:  # noqa: BLE001 — a record, not a verdict (GitPython may be absent on the box)
-        out["patches_note"] = f"cannot read the workdir's patches: {type(e).__name__}: {e}"
-    return out
 
 
 # =========================================================================== one mode
@@ -430,76 +301,6 @@ def run_server_mode(srv: dict, mode: dict, report_dir: Path, base_env: dict, pyt
         out["allreduce"] = allreduce_backend(log, env, cmd)
 
 
-# =========================================================================== output parity
-
-
-def read_texts(report_dir: Path, mode: dict) -> list[str] | None:
-    if not mode.get("bench_file"):
-        return None
-    rec = read_bench(Path(report_dir) / mode["bench_file"])
-    texts = (rec or {}).get("generated_texts")
-    return texts if isinstance(texts, list) else None
-
-
-def first_difference(a: list[str], b: list[str]) -> dict | None:
-    """None when equal; else the first differing request and character position."""
-    for i, (x, y) in enumerate(zip(a, b)):
-        if x != y:
-            pos = next((k for k, (c, d) in enumerate(zip(x, y)) if c != d), min(len(x), len(y)))
-            lo = max(0, pos - 40)
-            words = len(x[:pos].split()) - (1 if pos and not x[pos - 1].isspace() else 0)
-            return {"request": i, "char": pos, "a": x[lo:pos + 40], "b": y[lo:pos + 40],
-                    "common_prefix_words": words}
-    if len(a) != len(b):
-        return {"request": min(len(a), len(b)), "char": 0, "a": f"{len(a)} outputs", "b": f"{len(b)} outputs",
-                "common_prefix_words": 0}
-    return None
-
-
-def token_differ(python: str, tokenizer: str, env: dict):
-    """first(a, b) -> index of the first differing token of two texts, both retokenized with the
-    model's tokenizer (the one bench_serving loads), or None when it cannot be loaded; best
-    effort, for the report (bench_serving records text, not token ids)."""
-    code = ("import sys, json; from transformers import AutoTokenizer; "
-            "t = AutoTokenizer.from_pretrained(sys.argv[1], trust_remote_code=True); "
-            "a, b = (t.encode(x, add_special_tokens=False) for x in json.load(sys.stdin)); "
-            "print(next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b))))")
-
-    def first(a: str, b: str) -> int | None:
-        with contextlib.suppress(OSError, subprocess.TimeoutExpired, ValueError, IndexError):
-            p = subprocess.run([python, "-c", code, tokenizer], input=json.dumps([a, b]), env=env,
-                               capture_output=True, text=True, timeout=300)
-            return int(p.stdout.split()[-1]) if p.returncode == 0 else None
-        return None
-
-    return first
-
-
-def compare_outputs(name: str, a_label: str, a_texts, b_label: str, b_texts, prompts: list[str],
-                    order: list[int], first_token=None) -> dict:
-    res = {"name": name, "a": a_label, "b": b_label}
-    if a_texts is None or b_texts is None:
-        missing = [lbl for lbl, t in ((a_label, a_texts), (b_label, b_texts)) if t is None]
-        res.update(status="fail", detail=f"no outputs from {', '.join(missing)}")
-        return res
-    diff = first_difference(a_texts, b_texts)
-    res["requests"] = len(a_texts)
-    if diff is None:
-        res.update(status="same", detail=f"{len(a_texts)} greedy outputs identical")
-        return res
-    i = diff["request"]
-    prompt = prompts[order[i]] if i < len(order) and order[i] < len(prompts) else "?"
-    if first_token and i < min(len(a_texts), len(b_texts)):
-        diff["token"] = first_token(a_texts[i], b_texts[i])
-    where = (f"token {diff['token']} (retokenized), " if diff.get("token") is not None else "") + \
-        f"character {diff['char']}"
-    res.update(status="differ", first_difference={**diff, "prompt": prompt},
-               detail=(f"request {i} (prompt {prompt[:60]!r}) differs at {where} "
-                       f"(after {diff['common_prefix_words']} equal words): {a_label} …{diff['a']!r}… vs "
-                       f"{b_label} …{diff['b']!r}…"))
-    return res
-
-
 # =========================================================================== the tier
 
 
@@ -539,8 +340,6 @@ def tier_server(prof: dict, project: Path, report_dir: Path, base_env: dict, mod
                      f"(has {len(bench['prompts'])}); repeated prompts would hit the radix cache")
     python = expand(srv["python"] or sys.executable)
     if doctor:
-        from sglpatch.gpu.doctor import gate_server
-
         refused = gate_server(prof, python, project, report_dir, {**base_env, **srv.get("env", {})})
         if refused is not None:
             return refused
@@ -554,8 +353,7 @@ def tier_server(prof: dict, project: Path, report_dir: Path, base_env: dict, mod
         srv = {**srv, "env": {**srv.get("env", {}), **venv, **{k: str(v) for k, v in (side_env or {}).items()}}}
     tr.data["version_env"] = why
     tr.data["side_env"] = side_env or {}
-    from sglpatch.gpu.mode_requires import split  # a mode's requires_import / min_sglang, before any load
-
+    # a mode's requires_import / min_sglang, before any load
     selected, tr.data["skipped_modes"] = split(selected, python, base_env, tr.data["served_by"].get("sglang_version"))
     if not selected:
         tr.status, tr.summary = "cannot_run", "; ".join(f"{m['mode']}: {m['why']}" for m in tr.data["skipped_modes"])
@@ -563,155 +361,11 @@ def tier_server(prof: dict, project: Path, report_dir: Path, base_env: dict, mod
     results = [run_server_mode(srv, mode, report_dir, base_env, python, prompts_file) for mode in selected]
     tr.data["modes"] = results
     tr.md = mode_table(tr, srv, selected, results)
-    tr.md += [f"\n- mode {m['mode']} not run: {m['why']}" for m in tr.data["skipped_modes"]]
     first_token = token_differ(python, expand(bench.get("tokenizer") or srv["model_path"]), base_env)
     tr.data["parity"] = parity_checks(tr, srv, report_dir, results, old, parity_with, digest, first_token)
-    tr.md += parity_markdown(tr.data["parity"]) + served_markdown(tr.data["served_by"], results)
-    tr.md += [f"- env by version ([[server.version_env]]): {w}" for w in why]
-    if side_env:
-        tr.md.append(f"- env of this A/B side: {side_env}")
-    tr.md += ["", "Commands and logs (rerun a benchmark by hand against a running server with the "
-              "bench command):"]
-    for m in results:
-        tr.md.append(f"- {m['mode']}: server `{shlex.join(m.get('command', []))}` (log `{m.get('log')}`, "
-                     f"tracked pids {len(m.get('tracked_pids', []))}, survivors {m.get('survivors')}); env added "
-                     f"{m.get('env_added')}")
-        if m.get("bench_command"):
-            benv = srv["benchmark"].get("env") or {}
-            tr.md.append(f"  - bench: `{shlex.join(m['bench_command'])}` (log `{m.get('bench_log')}`"
-                         + (f", env added {benv}" if benv else "") + ")")
+    tr.md += tier_markdown(srv, tr.data)
     if tr.status != "fail":
         tr.status = "pass"
-    tr.summary = "; ".join(f"{m['mode']}: {fmt((m.get('benchmark') or {}).get('single_stream_tok_s'))} tok/s"
-                           + ("" if m.get("status") == "ok" else " (failed)") for m in results)
-    bad = [p["name"] for p in tr.data["parity"] if p["status"] != "same"]
-    if tr.data["parity"]:
-        tr.summary += "; parity " + (f"FAILED: {', '.join(bad)}" if bad else "same")
+    tr.summary = tier_summary(results, tr.data["parity"])
     return tr
 
-
-def mode_table(tr: TierResult, srv: dict, cfgs: list[dict], modes: list[dict]) -> list[str]:
-    base = srv["baselines"]
-    tol = float(base.get("tolerance", 0.05))
-    ref = base.get("no_spec_tok_s")
-    floor = ref * (1 - tol) if ref else None
-    chat = "chat-templated " if srv["benchmark"].get("apply_chat_template", True) else "raw (no chat template) "
-    md = [f"Measured with SGLang's own `python -m sglang.bench_serving` (greedy, `--max-concurrency 1`, "
-          f"{num_requests(srv['benchmark'])} distinct {chat}prompts, radix cache flushed after the "
-          "warm-up). Columns are bench_serving's metrics by their names; **single-stream tok/s = 1000 / "
-          "median TPOT** is derived here (TPOT excludes the first token) and is the number compared with the "
-          f"profile's baseline of {ref} tok/s (tolerance {tol:.0%}), a single-stream decode rate. SGLang's "
-          "output throughput also counts TTFT and the gaps between requests, so it is lower; it is not gated.",
-          "", "| mode | status | single-stream tok/s (1000/median TPOT) | median TPOT ms | median TTFT ms | "
-          "output throughput tok/s | accept length | verify ms (P4) | break-even accept | vs baseline | "
-          "allreduce (from the log) |",
-          "|---|---|---|---|---|---|---|---|---|---|---|"]
-    for cfg, m in zip(cfgs, modes):
-        b = m.get("benchmark") or {}
-        tok = b.get("single_stream_tok_s")
-        spec = "--speculative-algorithm" in [str(a) for a in cfg.get("args", [])]
-        vp = m.get("verify_profile") or {}
-        vms = verify_ms_of(vp)
-        verdict = "—"
-        if m.get("status") != "ok":
-            tr.fail(f"mode {m['mode']}: {m.get('error')}")
-            verdict = "failed"
-        elif tok is None:
-            tr.fail(f"mode {m['mode']}: no TPOT measured")
-        elif floor is not None:
-            pays = tok > ref if spec else tok >= floor
-            m["beats_baseline"] = pays
-            verdict = f"{tok / ref:.2f}x of {ref}"
-            if spec:
-                verdict += " — speculation PAYS" if pays else " — speculation does NOT pay"
-            if not pays and cfg.get("gate", True):
-                tr.fail(f"mode {m['mode']}: {tok} tok/s (1000/median TPOT) "
-                        + (f"does not beat the {ref} tok/s baseline" if spec
-                           else f"below {floor:.1f} (baseline {ref} - {tol:.0%})"))
-            elif not pays:
-                verdict += " (not gated)"
-        acc = b.get("accept_length") or (m.get("served") or {}).get("avg_spec_accept_length")
-        md.append(f"| {m['mode']} | {m.get('status')} | {fmt(tok)} | {fmt(b.get('median_tpot_ms'), 2)} | "
-                  f"{fmt(b.get('median_ttft_ms'), 1)} | {fmt(b.get('output_throughput'))} | {fmt(acc, 2)} | "
-                  f"{fmt(vms, 2)} | {fmt(vp.get('break_even_accept_length'), 2)} | {verdict} | "
-                  f"{describe(m.get('allreduce'))} |")
-    first = modes[0] if modes else None
-    t0 = ((first or {}).get("benchmark") or {}).get("single_stream_tok_s")
-    for m in modes[1:]:
-        t1 = (m.get("benchmark") or {}).get("single_stream_tok_s")
-        if t0 and t1:
-            m["speedup_vs_first_this_run"] = round(t1 / t0, 3)
-            md.append(f"\n{m['mode']} vs {first['mode']} in this run: {t1 / t0:.2f}x")
-    return md
-
-
-def parity_checks(tr: TierResult, srv: dict, report_dir: Path, modes: list[dict], old: dict | None,
-                  old_dir: str | None, digest: str, first_token=None) -> list[dict]:
-    by_name = {m["mode"]: m for m in modes}
-    bench = srv["benchmark"]
-    order = bench_order(len(bench["prompts"]), num_requests(bench), int(srv["seed"]))
-    out = []
-    for pair in srv.get("parity", []):
-        a, b = by_name.get(pair["a"]), by_name.get(pair["b"])
-        if a is None or b is None:
-            out.append({"name": pair["name"], "a": pair["a"], "b": pair["b"], "status": "not_run",
-                        "detail": "not both modes ran (select them with --modes " f"{pair['a']},{pair['b']})"})
-            continue
-        out.append(compare_outputs(pair["name"], pair["a"], read_texts(report_dir, a), pair["b"],
-                                   read_texts(report_dir, b), bench["prompts"], order, first_token))
-    if old is not None:
-        old_srv = (old.get("tiers") or {}).get("server") or {}
-        old_modes = {m["mode"]: m for m in old_srv.get("modes", [])}
-        same_prompts = (old_srv.get("prompts") or {}).get("sha") == digest
-        for m in modes:
-            name = f"{m['mode']} vs --parity-with"
-            if m["mode"] not in old_modes:
-                out.append({"name": name, "status": "fail", "detail": f"{old_dir} has no mode {m['mode']}"})
-            elif not same_prompts:
-                out.append({"name": name, "status": "fail", "detail": f"{old_dir} used another prompt set"})
-            else:
-                out.append(compare_outputs(name, f"{old_dir}:{m['mode']}", read_texts(old_dir, old_modes[m["mode"]]),
-                                           f"this run:{m['mode']}", read_texts(report_dir, m),
-                                           bench["prompts"], order, first_token))
-    for p in out:
-        if p["status"] in ("differ", "fail"):
-            tr.fail(f"parity {p['name']}: {p['detail']}")
-    return out
-
-
-def parity_markdown(checks: list[dict]) -> list[str]:
-    if not checks:
-        return []
-    md = ["", "### Output parity (greedy, same prompts; text as bench_serving records it)", "",
-          "| check | a | b | result |", "|---|---|---|---|"]
-    for p in checks:
-        verdict = {"same": "SAME", "differ": "**DIFFERS**", "fail": "**FAILED**", "not_run": "not run"}[p["status"]]
-        md.append(f"| {p['name']} | {p.get('a', '')} | {p.get('b', '')} | {verdict}: {p['detail']} |")
-    return md
-
-
-def served_markdown(by: dict, modes: list[dict]) -> list[str]:
-    md = ["", "### What served", ""]
-    if by.get("error"):
-        md.append(f"- imported sglang: {by['error']}")
-    else:
-        md.append(f"- `{by.get('python')}` imports sglang {by.get('sglang_version')} from `{by.get('sglang_file')}`")
-    if by.get("carried") is not None:
-        md.append(f"- workdir `{by['workdir']}` carries {len(by['carried'])} patch(es): "
-                  + ("; ".join(by["carried"]) or "none"))
-        state = [ln for ln in by.get("status", []) if ln.startswith(("state:", "dirty:"))]
-        md += [f"  - {ln}" for ln in state]
-    elif by.get("patches_note"):
-        md.append(f"- patches: {by['patches_note']}")
-    for m in modes:
-        s = m.get("served") or {}
-        if s:
-            md.append(f"- {m['mode']}: /get_server_info version {s.get('version')}; args {s.get('server_args')}; "
-                      f"speculative {s.get('speculative') or 'off'} (full: `server_info-{m['mode']}.json`)")
-        ev = m.get("allreduce")
-        if ev:
-            md.append(f"- {m['mode']}: allreduce **{describe(ev)}**; evidence: "
-                      + (f"`{ev['evidence']}`" if ev.get("evidence") else "none in the log")
-                      + (f"; fusion: `{ev['fusion']}`" if ev.get("fusion") else "")
-                      + f"; selected by {ev['selected_by'] or 'no switch set'}")
-    return md

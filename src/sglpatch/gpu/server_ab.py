@@ -17,7 +17,9 @@ from sglpatch.errors import say
 from sglpatch.gpu.allreduce_evidence import describe
 from sglpatch.gpu.profiles import expand, usage_error
 from sglpatch.gpu.report import TierResult, fmt
-from sglpatch.gpu.server import imported_sglang, tier_server, verify_ms_of
+from sglpatch.gpu.served import imported_sglang
+from sglpatch.gpu.server import tier_server
+from sglpatch.gpu.server_report import verify_ms_of
 
 # (key in a side's row, label, digits); B/A is given for each
 METRICS = (("single_stream_tok_s", "single-stream tok/s (1000/median TPOT)", 1),

@@ -4,7 +4,8 @@ Standard library and torch only at import time; every optional library (sglang, 
 flashinfer, mscclpp) is imported inside the backend that needs it, guarded, so a backend that
 does not import is listed with its reason and never ends the run.
 
-- `common`: the Backend contract, exact integer inputs and references, the fused-norm check
+- `common`: the Backend contract, its set-up agreed on by every rank, exact integer inputs and
+  references, the fused-norm check
 - `backends`: NCCL (+ SGLang's separate add-RMSNorm), torch symmetric memory, SGLang's custom
   allreduce and MSCCL++, the self-test backends, the registry
 - `fi_backends`: flashinfer: the trtllm fusion, PCIe-IPC (`PcieIpcAllReduceWorkspace`) and the

@@ -10,20 +10,11 @@ import inspect
 import os
 import time
 
-from sglpatch.gpu.kbench.common import RMS_EPS, Backend, FusedBackend, Unavailable, import_first
+from sglpatch.gpu.kbench.common import RMS_EPS, Backend, FusedBackend, InPlaceBackend, Unavailable, import_first
 
 
-class NcclBackend(Backend):
+class NcclBackend(InPlaceBackend):
     name = "nccl"
-    in_place = True
-
-    def prepare(self, rows, inner):
-        super().prepare(rows, inner)
-        self.bufs = [p.clone() for p in self.pristine]
-
-    def refill(self):
-        for b, p in zip(self.bufs, self.pristine):
-            b.copy_(p)
 
     def op(self, k):
         self.dist.all_reduce(self.bufs[k])
@@ -144,7 +135,7 @@ class CustomArBackend(Backend):
                 "(see the worker log for SGLang's reason)")
 
     def supports(self, rows):
-        x = self.torch.empty((rows, self.ctx.hidden), dtype=self.torch.bfloat16, device=self.ctx.device)
+        x = self.probe(rows)
         if not self.ca.should_custom_ar(x):
             return f"should_custom_ar() declined {x.numel() * 2} bytes"
         return None
@@ -166,7 +157,7 @@ class CustomArBackend(Backend):
             self.ca.close()
 
 
-class MscclppBackend(Backend):
+class MscclppBackend(InPlaceBackend):
     """SGLang's PyMscclppCommunicator from the installed tree (`--enable-mscclpp`), built as
     GroupCoordinator builds it (on the CPU group, default max bytes) and switched on with
     change_state(enable=True), as SGLang does around CUDA-graph capture.  0.5.9's runs
@@ -174,7 +165,6 @@ class MscclppBackend(Backend):
     (in place)."""
 
     name = "mscclpp"
-    in_place = True
 
     def __init__(self, torch, dist, ctx):
         super().__init__(torch, dist, ctx)
@@ -195,18 +185,10 @@ class MscclppBackend(Backend):
         self.stack.enter_context(self.comm.change_state(enable=True))
 
     def supports(self, rows):
-        x = self.torch.empty((rows, self.ctx.hidden), dtype=self.torch.bfloat16, device=self.ctx.device)
+        x = self.probe(rows)
         if not self.comm.should_mscclpp_allreduce(x):
             return f"should_mscclpp_allreduce() declined {x.numel() * 2} bytes"
         return None
-
-    def prepare(self, rows, inner):
-        super().prepare(rows, inner)
-        self.bufs = [p.clone() for p in self.pristine]
-
-    def refill(self):
-        for b, p in zip(self.bufs, self.pristine):
-            b.copy_(p)
 
     def poison(self, outs):
         for o, b in zip(outs, self.bufs):

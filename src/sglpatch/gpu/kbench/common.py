@@ -7,6 +7,7 @@ import contextlib
 import os
 import sys
 import time
+import traceback
 
 # A bf16 RMSNorm output is rounded once by the kernel and once by the reference: two bf16 ulps
 # (2 * 2**-8 relative) plus the same absolute slack for values near zero.  The residual output
@@ -109,6 +110,10 @@ class Backend:
     def supports(self, rows: int) -> str | None:  # None = yes, else reason
         return None
 
+    def probe(self, rows: int):
+        """An empty [rows, hidden] bf16 tensor on the device: what `supports` asks a library about."""
+        return self.torch.empty((rows, self.ctx.hidden), dtype=self.torch.bfloat16, device=self.ctx.device)
+
     def prepare(self, rows: int, inner: int) -> None:
         t, c = self.torch, self.ctx
         self.rows = rows
@@ -139,6 +144,20 @@ class Backend:
 
     def close(self) -> None:
         pass
+
+
+class InPlaceBackend(Backend):
+    """op(k) reduces bufs[k] in place: `prepare` copies the inputs, `refill` restores them."""
+
+    in_place = True
+
+    def prepare(self, rows, inner):
+        super().prepare(rows, inner)
+        self.bufs = [p.clone() for p in self.pristine]
+
+    def refill(self):
+        for b, p in zip(self.bufs, self.pristine):
+            b.copy_(p)
 
 
 class FusedBackend(Backend):
@@ -182,6 +201,30 @@ def import_first(names: list[str]):
         except Exception as e:  # noqa: BLE001 — an optional library, any import failure is a reason
             why.append(f"{n}: {type(e).__name__}: {e}")
     raise Unavailable("; ".join(why))
+
+
+def set_up_backend(ctx, cls, label: str, log, every_rank_traceback: bool = False):
+    """Construct on every rank and agree on the outcome, so nobody enters a collective alone:
+    (backend, None) or (None, (kind, reason)) with kind absent | error.  An error's traceback is
+    printed by rank 0 (the latency run) or by each rank it happened on (the stress run)."""
+    state, msg, backend = "ok", "", None
+    try:
+        backend = cls(ctx.torch, ctx.dist, ctx)
+    except Unavailable as e:
+        state, msg = "absent", str(e)
+    except Exception as e:  # noqa: BLE001
+        state, msg = "error", f"{type(e).__name__}: {e}"
+        if every_rank_traceback or ctx.rank == 0:
+            traceback.print_exc()
+    bad = [s for s in gather(ctx, (state, msg)) if s[0] != "ok"]
+    if not bad:
+        return backend, None
+    kind = "error" if any(s[0] == "error" for s in bad) else "absent"
+    reason = next(s[1] for s in bad if s[0] == kind)
+    log(f"{label}: {kind}: {reason}")
+    if backend is not None:
+        backend.close()
+    return None, (kind, reason)
 
 
 EXIT_HANG = 3

@@ -136,7 +136,7 @@ class PcieIpcBackend(Backend):
         if rows * self.ctx.hidden > self.max_numel:
             return (f"above the workspace SGLang sizes ({self.max_rows} rows = --cuda-graph-max-bs x draft "
                     "tokens): served by NCCL there")
-        x = self.torch.empty((rows, self.ctx.hidden), dtype=self.torch.bfloat16, device=self.ctx.device)
+        x = self.probe(rows)
         return None if self._should(x) else "the workspace's supports() declined this shape"
 
     def op(self, k):
@@ -206,7 +206,7 @@ class _B12xOneshot(Backend):
         return lambda state: state.run_plain(probe, out)
 
     def supports(self, rows):
-        x = self.torch.empty((rows, self.ctx.hidden), dtype=self.torch.bfloat16, device=self.ctx.device)
+        x = self.probe(rows)
         if not self.rt.should_allreduce(x):
             return f"should_allreduce() declined {x.numel() * 2} bytes (max_size {self.max_bytes})"
         return None
@@ -284,7 +284,7 @@ class B12xTwoshotBackend(Backend):
         return self.plans[key]
 
     def supports(self, rows):
-        x = self.torch.empty((rows, self.ctx.hidden), dtype=self.torch.bfloat16, device=self.ctx.device)
+        x = self.probe(rows)
         return None if self.rt.accepts(x) else f"accepts() declined [{rows},{self.ctx.hidden}] (max rows {self.max_rows})"
 
     def prepare(self, rows, inner):

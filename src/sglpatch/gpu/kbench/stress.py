@@ -16,7 +16,7 @@ import time
 import traceback
 
 from sglpatch.gpu.kbench.backends import NcclBackend, backend_class
-from sglpatch.gpu.kbench.common import Backend, Unavailable, Watchdog, gather
+from sglpatch.gpu.kbench.common import Backend, Watchdog, gather, set_up_backend
 from sglpatch.gpu.kbench.measure import CpuReplay
 
 STRESS_DEFAULT_SIZES = [1, 2, 3, 4, 8, 16]
@@ -239,22 +239,9 @@ def run_stress(ctx, wanted: list[str], modes: list[str], log) -> dict:
             absent[label] = "has no stress mode (checked in the latency run)"
             continue
         wd.beat(f"stress {label}: backend set-up")
-        state, msg, backend = "ok", "", None
-        try:
-            backend = cls(ctx.torch, ctx.dist, ctx)
-        except Unavailable as e:
-            state, msg = "absent", str(e)
-        except Exception as e:  # noqa: BLE001
-            state, msg = "error", f"{type(e).__name__}: {e}"
-            traceback.print_exc()
-        states = gather(ctx, (state, msg))
-        bad = [s for s in states if s[0] != "ok"]
+        backend, bad = set_up_backend(ctx, cls, f"stress {label}", log, every_rank_traceback=True)
         if bad:
-            kind = "error" if any(s[0] == "error" for s in bad) else "absent"
-            (errors if kind == "error" else absent)[label] = next(s[1] for s in bad if s[0] == kind)
-            log(f"stress {label}: {kind}: {(errors if kind == 'error' else absent)[label]}")
-            if backend is not None:
-                backend.close()
+            (errors if bad[0] == "error" else absent)[label] = bad[1]
             continue
         reasons = gather(ctx, [backend.supports(n) for n in args.stress_sizes])
         sizes = [n for k, n in enumerate(args.stress_sizes) if not any(r[k] for r in reasons)]

@@ -1,0 +1,44 @@
+"""What an interpreter serves: which sglang it imports (file, version) and, when that is an
+sglpatch workdir (<workdir>/python/sglang), the patches it carries; and a version as a tuple.
+The server tier, its A/B run, `mode_requires` and `sglpatch doctor` ask here."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+
+def version_tuple(v: str | None) -> tuple[int, ...]:
+    """"0.5.10.post1" -> (0, 5, 10); "" -> ()."""
+    m = re.match(r"\s*v?(\d+(?:\.\d+)*)", str(v or ""))
+    return tuple(int(x) for x in m.group(1).split(".")) if m else ()
+
+
+def imported_sglang(python: str, env: dict, project: Path) -> dict:
+    """Which sglang the server's interpreter imports and, when it is an sglpatch workdir
+    (<workdir>/python/sglang), the patches it carries (stack.carried / stack.status)."""
+    code = "import sglang, sys; print(sglang.__file__); print(getattr(sglang, '__version__', '?'))"
+    try:
+        p = subprocess.run([python, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return {"python": python, "error": f"cannot run {python}: {e}"}
+    if p.returncode != 0:
+        return {"python": python, "error": "sglang does not import: " + (p.stderr.strip().splitlines() or ["?"])[-1]}
+    lines = p.stdout.strip().splitlines()
+    file, version = Path(lines[-2]).resolve(), lines[-1]
+    out = {"python": python, "sglang_file": str(file), "sglang_version": version}
+    workdir = file.parents[2] if len(file.parents) > 2 else file.parent
+    if not (workdir / ".git").exists():
+        out["patches_note"] = f"{file} is not in an sglpatch workdir (<workdir>/python/sglang): patches unknown"
+        return out
+    out["workdir"] = str(workdir)
+    try:
+        if not (project / "series").is_file():
+            raise RuntimeError(f"no sglpatch series in {project} (pass --project)")
+        from sglpatch.gpu.series_side import patches_of
+
+        out.update(patches_of(project, workdir))
+    except Exception as e:  # noqa: BLE001 — a record, not a verdict (GitPython may be absent on the box)
+        out["patches_note"] = f"cannot read the workdir's patches: {type(e).__name__}: {e}"
+    return out
