@@ -1,0 +1,174 @@
+"""Running CMD once, shared by the triage (in the driver's process) and by the step runner under
+git: in its own process group, stdin closed, its descendants recorded as they come and ended
+with it, its output shown live and kept in one log file per step; plus what both read back
+(the steps so far, a commit's name in the series, the time left)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import threading
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+from sglpatch import proctree
+from sglpatch.bisect.model import (
+    ENV_COMMIT,
+    ENV_PATCH,
+    EXIT_SKIP,
+    KILL_GRACE_S,
+    SNAPSHOT_EVERY_S,
+    UPSTREAM_BRANCH,
+    PatchRef,
+    Step,
+)
+
+
+def say(stream, msg: str) -> None:
+    data = f"sglpatch bisect: {msg}\n".encode()
+    try:
+        stream.write(data)
+        stream.flush()
+    except (OSError, ValueError):
+        pass
+
+
+def _pump(src, sinks) -> None:
+    try:
+        while True:
+            chunk = os.read(src.fileno(), 65536)
+            if not chunk:
+                break
+            for s in sinks:
+                try:
+                    s.write(chunk)
+                    s.flush()
+                except (OSError, ValueError):
+                    pass
+    except (OSError, ValueError):
+        pass
+
+
+def run_cmd(
+    state: dict,
+    commit: str,
+    ref: PatchRef,
+    run_no: int,
+    phase: str,
+    out,
+    err,
+) -> Step:
+    """Run CMD once at the checked-out commit; tee its output; kill its group on timeout."""
+    sd = Path(state["state_dir"])
+    log_path = Path(state["log_dir"]) / f"step-{run_no:02d}.log"
+    env = dict(state["env"])
+    env[ENV_COMMIT] = commit
+    env[ENV_PATCH] = ref.name if ref.index else "upstream"
+    env.setdefault("PYTHONUNBUFFERED", "1")  # its output goes through a pipe: show it as it comes
+    timeout = state.get("timeout")
+    with open(log_path, "wb") as log:
+        log.write(f"# run {run_no} ({phase}) {ref.label} {commit}\n# cmd: {state['cmd']!r}\n".encode())
+        log.flush()
+        t0 = time.monotonic()
+        proc = subprocess.Popen(
+            state["cmd"],
+            cwd=state["cwd"],
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,  # its own process group: a timeout kills all of it
+        )
+        pgid = proc.pid
+        tree = proctree.Tree(pgid)
+        (sd / "current-pgid").write_text(str(pgid))
+        readers = [
+            threading.Thread(target=_pump, args=(proc.stdout, [log, out]), daemon=True),
+            threading.Thread(target=_pump, args=(proc.stderr, [log, err]), daemon=True),
+        ]
+        for t in readers:
+            t.start()
+        timed_out = False
+        try:
+            if (sd / "stop").exists():
+                raise KeyboardInterrupt
+            rc: int | None = None
+            deadline = None if timeout is None else t0 + timeout
+            while rc is None:
+                # remember CMD's descendants as they come: one that leaves the group is still ended
+                tree.snapshot()
+                left = SNAPSHOT_EVERY_S if deadline is None else min(SNAPSHOT_EVERY_S, deadline - time.monotonic())
+                try:
+                    rc = proc.wait(timeout=max(left, 0.0))
+                except subprocess.TimeoutExpired:
+                    if deadline is not None and time.monotonic() >= deadline:
+                        timed_out = True
+                        tree.kill(KILL_GRACE_S, reap=proc)
+                        if proc.poll() is None:  # the group could not be signalled: at least the CMD itself
+                            proc.kill()
+                        proc.wait()
+                        rc = None
+                        break
+        except BaseException:
+            tree.kill(1.0, reap=proc)
+            raise
+        finally:
+            # whatever CMD left running (servers, workers holding GPU memory) goes too
+            tree.kill(1.0, reap=proc)
+            try:
+                (sd / "current-pgid").unlink()
+            except FileNotFoundError:
+                pass
+            for t in readers:
+                t.join(timeout=2.0)
+        seconds = time.monotonic() - t0
+        note = ""
+        if timed_out:
+            verdict = state["on_timeout"]
+            note = f"timed out after {timeout:g}s; process group killed"
+        elif rc == 0:
+            verdict = "good"
+        elif rc == EXIT_SKIP:
+            verdict = "skip"
+        else:
+            verdict = "bad"
+            if rc is not None and (rc < 0 or rc >= 128):
+                note = "crashed (signal or exit >= 128): counted as bad"
+        log.write(f"\n# result: rc={rc} verdict={verdict} seconds={seconds:.2f} {note}\n".encode())
+    step = Step(run_no, phase, commit, ref.label, rc, verdict, round(seconds, 3), str(log_path), note)
+    with open(sd / "steps.jsonl", "a") as f:
+        f.write(json.dumps(asdict(step)) + "\n")
+    return step
+
+
+def read_steps(state_dir: Path) -> list[Step]:
+    p = Path(state_dir) / "steps.jsonl"
+    if not p.exists():
+        return []
+    return [Step(**json.loads(line)) for line in p.read_text().splitlines() if line.strip()]
+
+
+def describe(state: dict, commit: str) -> PatchRef:
+    info = state["series"].get(commit)
+    if info:
+        return PatchRef(commit=commit, **info)
+    if commit == state.get("upstream"):
+        return PatchRef(commit, 0, state["total"], UPSTREAM_BRANCH, "pristine upstream")
+    return PatchRef(commit, 0, state["total"], commit[:12], "")
+
+
+def estimate(state: dict, steps: list[Step], runs_left: int) -> str:
+    if not steps or runs_left <= 0:
+        return ""
+    first = steps[0].seconds
+    return f"; about {runs_left} more run(s) after this, ~{_fmt_s(first * runs_left)} at {_fmt_s(first)} per run (the first run)"
+
+
+def _fmt_s(s: float) -> str:
+    if s < 90:
+        return f"{s:.0f}s"
+    if s < 5400:
+        return f"{s / 60:.0f} min"
+    return f"{s / 3600:.1f} h"
