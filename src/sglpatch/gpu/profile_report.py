@@ -22,10 +22,12 @@ Time the scheduler spends between cycles is not in T, so the rates are upper bou
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 from pathlib import Path
 
+from sglpatch.argtypes import positive
 from sglpatch.errors import SglpatchError
 
 DEFAULT_BASELINE_STEP_MS = 12.2
@@ -250,6 +252,32 @@ def format_text(path: str, summary: dict, preds: list[dict]) -> str:
             f"({p['speedup']:.2f}x baseline; {basis} {s['prediction_cycle_ms']:.2f} ms)"
         )
     return "\n".join(lines)
+
+
+DESCRIPTION = (
+    "Summarize a JSONL file written with SGLANG_VERIFY_PROFILE=1: time split of a "
+    "speculative cycle, share spent in verify, break-even accept length against the baseline "
+    "decode step, and predicted tok/s for given accept lengths."
+)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """`sglpatch profile-report`'s arguments; run() reads them."""
+    p.add_argument("file", help="JSONL file written by the server (SGLANG_VERIFY_PROFILE_FILE)")
+    p.add_argument(
+        "--accept-length",
+        type=positive,
+        nargs="+",
+        metavar="X",
+        help="also predict tok/s at these accept lengths (tokens per cycle, bonus included)",
+    )
+    p.add_argument(
+        "--baseline-step-ms",
+        type=positive,
+        metavar="MS",
+        help="decode step without speculation, ms (default: the file's value, 12.2 = 82 tok/s)",
+    )
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
 
 
 def run(args) -> int:

@@ -1,0 +1,58 @@
+"""`sglpatch bisect` on the command line: its arguments and run function. The bisect package
+itself (psutil, git bisect run) is imported only when the command runs, so this file stays
+outside it: importing sglpatch.bisect.anything runs the package's __init__."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from sglpatch import cliargs, exitcodes
+from sglpatch.argtypes import positive
+from sglpatch.errors import SglpatchError
+
+HELP = "find the first bad patch with git bisect run (CMD: 0 good, 125 skip, other bad)"
+DESCRIPTION = (
+    "Run CMD at each step of `git bisect run` over GOOD..BAD in the workdir (the editable "
+    "install makes the imported sglang that step's tree) and name the first bad patch by its series "
+    "name, subject and DEP-3 Description. CMD runs in the current directory with "
+    "SGLPATCH_BISECT_COMMIT set. The workdir always ends back on branch patched, clean."
+)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    cliargs.add_workdir(p)
+    p.add_argument("--good", default="upstream", help="a commit where CMD passes (default: upstream)")
+    p.add_argument("--bad", default="patched", help="a commit where CMD fails (default: patched)")
+    p.add_argument("--timeout", type=positive, metavar="SEC", help="per-run limit; CMD's process group is killed past it")
+    p.add_argument(
+        "--on-timeout", choices=["bad", "skip"], default="bad", help="what a run past --timeout counts as (default: bad, a hang is a regression)"
+    )
+    p.add_argument(
+        "--triage", action="store_true", help="first run CMD on GOOD and BAD: regression upstream, in the series, or none"
+    )
+    p.add_argument("--log-dir", help="where step logs and the report go (default: <workdir>/.git/sglpatch-bisect/<UTC time>)")
+    p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD [ARGS...]", help="the test command")
+
+
+def run_args(args) -> int:
+    from sglpatch import bisect
+
+    cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
+    if not cmd:
+        raise SglpatchError("no command given; usage: sglpatch bisect [options] -- CMD [ARGS...]", exitcodes.USAGE)
+    project = Path(args.project).resolve() if args.project else None
+    result = bisect.run(
+        cliargs.workdir(args), cmd, good=args.good, bad=args.bad, timeout=args.timeout, triage=args.triage,
+        on_timeout=args.on_timeout, project_root=project, log_dir=args.log_dir,
+    )
+    sys.stderr.flush()
+    print("\n".join(bisect.format_report(result)), flush=True)
+    return result.exit_code
+
+
+def register(sub) -> None:
+    p = sub.add_parser("bisect", help=HELP, description=DESCRIPTION)
+    add_arguments(p)
+    p.set_defaults(func=run_args)

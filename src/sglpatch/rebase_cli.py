@@ -1,0 +1,73 @@
+"""`sglpatch rebase` on the command line: its arguments and run function. The rebase package
+(pyflakes, the classifier) is imported only when the command runs, so this file stays outside
+it: importing sglpatch.rebase.anything runs the package's __init__."""
+
+from __future__ import annotations
+
+import argparse
+
+from sglpatch import cliargs, exitcodes
+from sglpatch.errors import SglpatchError
+
+HELP = "move the series onto a new upstream release (classify, 3-way, resumable, recorded resolutions)"
+DESCRIPTION = (
+    "Move the series onto a new upstream release: classify every patch, merge 3-way, replay recorded "
+    "resolutions, stop resumably at a conflict. --dry-run (the upstream watch) exits 0 when the rebase would "
+    "need nobody (also for work it does unattended) and 3 when a human is needed."
+)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    cliargs.add_workdir(p)
+    p.add_argument("--onto", metavar="VERSION|TAG|COMMIT", help="target release: 0.5.10.post1, v0.5.10.post1, or a tagged commit (git)")
+    p.add_argument(
+        "--source", choices=["auto", "git", "sdist", "wheel"], default="sdist",
+        help="where the new upstream tree comes from; auto: git when it answers, else the sdist, else the wheel (says which)",
+    )
+    p.add_argument("--upstream-url", help="override upstream.url (a mirror); https, ssh or file URLs only")
+    p.add_argument("--commit", help="the target's commit id when neither the sdist, a recorded pin nor the network says it")
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--dry-run", action="store_true", help="upstream watch: classify every patch, change nothing")
+    mode.add_argument("--continue", dest="cont", action="store_true", help="go on after resolving a conflict in the workdir")
+    mode.add_argument("--skip", action="store_true", help="drop the patch the rebase stopped at (recorded as a decision)")
+    mode.add_argument("--abort", action="store_true", help="put the workdir and the project files back exactly as before")
+
+
+def run_args(args) -> int:
+    from sglpatch import rebase
+
+    try:
+        return _go(args, rebase)
+    except rebase.RebaseStopped as e:
+        print(str(e))
+        return e.exit_code
+
+
+def _go(args, rebase) -> int:
+    if args.cont or args.skip or args.abort:
+        if args.onto:
+            raise SglpatchError("--onto goes with a new rebase, not with --continue/--skip/--abort", exitcodes.USAGE)
+        if args.abort:
+            lines = rebase.abort(cliargs.workdir(args))
+        else:
+            lines = rebase.continue_(cliargs.workdir(args), skip=args.skip)
+        print("\n".join(lines))
+        return 0
+    if not args.onto:
+        raise SglpatchError("--onto VERSION|TAG|COMMIT is required (or --continue / --skip / --abort)", exitcodes.USAGE)
+    project = cliargs.project(args)
+    if args.dry_run:
+        wd = cliargs.workdir(args)
+        res = rebase.dry_run(project, wd if wd.exists() else None, args.onto, source=args.source,
+                             commit=args.commit, url=args.upstream_url)
+        print("\n".join(res.lines))
+        return res.exit_code
+    lines = rebase.start(project, cliargs.workdir(args), args.onto, source=args.source, commit=args.commit, url=args.upstream_url)
+    print("\n".join(lines))
+    return 0
+
+
+def register(sub) -> None:
+    p = sub.add_parser("rebase", help=HELP, description=DESCRIPTION)
+    add_arguments(p)
+    p.set_defaults(func=run_args)

@@ -1,0 +1,170 @@
+"""The core commands on the command line: apply, export, status, check, lock (their arguments and
+run functions; the work is done in sglpatch.stack, upstream, install and newvenv). apply decides
+where the upstream tree comes from (--source auto probes the git URL), names the --venv
+workdir, installs and prints the summary."""
+
+from __future__ import annotations
+
+import sys
+
+from sglpatch import cliargs, exitcodes, install, newvenv, stack, upstream
+from sglpatch.errors import SglpatchError
+from sglpatch.lock import read_lock
+
+
+def _cmd_apply(args) -> int:
+    if (args.dry_run or args.release_artifact or args.cuda) and not args.venv:
+        raise SglpatchError("--dry-run, --release-artifact and --cuda go with --venv DIR", exitcodes.USAGE)
+    if args.venv and args.no_install:
+        raise SglpatchError("--venv DIR installs into a new venv; --no-install contradicts it", exitcodes.USAGE)
+    install.check_target(args.python, installs=not (args.venv or args.no_install))  # before any work
+    try:
+        project, workdir = cliargs.project(args), cliargs.workdir(args)
+        prep = None
+        if args.venv:
+            base = args.python or sys.executable
+            if not args.workdir:  # its own tree: the serving venv's editable install must not move under it
+                workdir = workdir.with_name(f"{workdir.name}-{read_lock(project).version}")
+            newvenv.guard_workdir(workdir, base)
+            prep = newvenv.prepare(project, args.venv, base, args.installer, args.with_flashinfer, args.release_artifact, args.dry_run,
+                                   cuda=args.cuda)
+            if prep.refused:
+                raise SglpatchError(f"preflight refused: {len(prep.refused)} condition(s) failed (the FAIL lines above); nothing was created")
+            if args.dry_run:
+                return 0
+        if args.upstream_url:
+            upstream.validate_url(args.upstream_url)
+        source = args.source
+        if source == "auto":
+            lock = read_lock(project)
+            ok, why = upstream.source_reachable(args.upstream_url or lock.url, lock.tag, timeout=args.probe_timeout)
+            source = "git" if ok else "sdist"
+            print(f"sglpatch: source: {source} ({why})", file=sys.stderr)
+        result = stack.apply(
+            project, workdir, source=source, force=args.force, python=args.python, url=args.upstream_url, sdist_fallback=args.source == "auto"
+        )
+        print(result.message)
+        if prep:
+            newvenv.create(prep, args.python or sys.executable)
+            print(install.install(workdir, python=str(prep.python), installer=prep.plan.installer, version=read_lock(project).version))
+            newvenv.mark_complete(prep)
+            _venv_summary(prep, args)
+        elif not args.no_install:
+            print(install.install(workdir, python=args.python, installer=args.installer, version=read_lock(project).version))
+            py = args.python or sys.executable
+            print("\n".join(install.report(py, workdir, read_lock(project).version)))
+        patches = stack.carried(project, workdir)
+        print(f"{workdir} (branch patched) carries {len(patches)} patches:")
+        for line in patches:
+            print(f"  {line}")
+        return 0
+    except OSError as e:
+        raise cliargs.os_error(e) from None
+
+
+def _venv_summary(prep, args) -> None:
+    py = str(prep.python)
+    have = install.installed_sglang(py)
+    print(f"{py} imports sglang {have[1]} from {have[0]}" if have else f"warning: {py} cannot import sglang (a GPU-only dependency may need CUDA: run `{py} -c \"import sglang\"` to see which)")
+    print(f"new venv {prep.venv_dir}: {len(prep.plan.packages)} packages (the plan above; recorded in {prep.venv_dir}/sglpatch-plan*)")
+    print(f"serve from it: {py} -m sglang.launch_server ...; the way back: your old interpreter ({args.python or sys.executable}) was not touched")
+
+
+def _cmd_export(args) -> int:
+    try:
+        res = stack.export(cliargs.project(args), cliargs.workdir(args))
+    except OSError as e:
+        raise cliargs.os_error(e) from None
+    total = len(res.written) + len(res.unchanged)
+    print(
+        f"exported {total} patches: {len(res.written)} written, {len(res.unchanged)} unchanged, "
+        f"{len(res.removed)} removed; series {'updated' if res.series_changed else 'unchanged'}"
+    )
+    for name in res.written:
+        print(f"  wrote   patches/{name}")
+    for name in res.removed:
+        print(f"  removed patches/{name}")
+    return 0
+
+
+def _cmd_status(args) -> int:
+    print("\n".join(stack.status(cliargs.project(args), cliargs.workdir(args))))
+    return 0
+
+
+def _cmd_check(args) -> int:
+    workdir = cliargs.workdir(args) if args.workdir else None
+    problems = stack.check(cliargs.project(args), workdir, source=args.source)
+    for p in problems:
+        print(f"FAIL {p}")
+    if problems:
+        print(f"check: {len(problems)} problem(s)")
+        return 1
+    print("check: series, patches/, upstream.lock consistent; every patch applies exactly to the pinned tree")
+    return 0
+
+
+def _cmd_lock(args) -> int:
+    project = cliargs.project(args)
+    if args.resolve:
+        print(upstream.resolve_commit(project))
+    if args.update_blobs:
+        blobs = stack.update_blobs(project, cliargs.workdir(args))
+        print(f"upstream.lock: {len(blobs)} blob ids recorded")
+    if not (args.resolve or args.update_blobs):
+        print(read_lock(project).dumps(), end="")
+    return 0
+
+
+def register(sub) -> None:
+    """apply, export, status, check, lock: their parsers, in --help's order."""
+    p = sub.add_parser("apply", help="build branch patched in the workdir from upstream.lock + series, and install it")
+    cliargs.add_workdir(p)
+    p.add_argument(
+        "--source",
+        choices=["auto", "git", "sdist"],
+        default="auto",
+        help="where the upstream tree comes from; auto: git when upstream.url answers within --probe-timeout, "
+        "else the registry sdist (also when the git tree fails a lock check)",
+    )
+    p.add_argument("--upstream-url", help="override upstream.url (a mirror); https, ssh or file URLs only")
+    p.add_argument("--probe-timeout", type=float, default=8.0, help="seconds --source auto waits for the git URL")
+    p.add_argument("--no-install", action="store_true", help="only build the tree: nothing is installed anywhere")
+    p.add_argument("--python", help="interpreter to install into, a venv's (default: this one; refused when it is the system's, PEP 668)")
+    p.add_argument("--installer", choices=["auto", "pip", "uv"], default="auto", help="auto: uv when found, else pip")
+    p.add_argument("--force", action="store_true", help="rebuild even over unexported commits (kept as a backup ref)")
+    p.add_argument(
+        "--venv",
+        metavar="DIR",
+        help="build a NEW venv in DIR (must not exist or be empty) from --python with the release's full pinned dependency set "
+        "(resolved by uv or pip) plus the patched tree, after a preflight (driver, Python wheels, disk, nvcc for P1); no other venv is touched; "
+        "the tree goes to its own workdir (default: the usual one with -VERSION appended)",
+    )
+    p.add_argument("--dry-run", action="store_true", help="with --venv: print the preflight verdict and the resolved plan; change nothing")
+    p.add_argument("--with-flashinfer", action="store_true", help="with --venv: P1 will be enabled (flashinfer >= 0.6.17; nvcc >= 12.9 on SM12x)")
+    p.add_argument("--cuda", metavar="12.N", help="with --venv: the CUDA 12 builds of the release's CUDA-specific requirements (for a driver "
+                   "below 580), from the indexes deps/cuda12.toml names; the plan shows each one's build and index, the preflight "
+                   "refuses what has none (default: the release's own builds)")
+    p.add_argument("--release-artifact", metavar="PATH", help="with --venv: the release's sdist or wheel to read the pins from (default: the locked sdist or wheel, index-verified)")
+    p.set_defaults(func=_cmd_apply)
+
+    p = sub.add_parser("export", help="write upstream..patched back to patches/ and series (byte-stable)")
+    cliargs.add_workdir(p)
+    p.set_defaults(func=_cmd_export)
+
+    p = sub.add_parser("status", help="pin, applied patches, dirty state")
+    cliargs.add_workdir(p)
+    p.set_defaults(func=_cmd_status)
+
+    p = sub.add_parser("check", help="series vs patches/ vs lock; every patch applies exactly (CI gate)")
+    cliargs.add_workdir(p)
+    p.add_argument(
+        "--source", choices=["git", "sdist"], default="sdist", help="where the pinned upstream tree is taken from: the registry sdist, or git (upstream.url)"
+    )
+    p.set_defaults(func=_cmd_check)
+
+    p = sub.add_parser("lock", help="show upstream.lock, resolve the full commit id, or refresh blob ids")
+    cliargs.add_workdir(p)
+    p.add_argument("--resolve", action="store_true", help="replace upstream.commit by the full id (git ls-remote)")
+    p.add_argument("--update-blobs", action="store_true", help="record blob ids of the files the series touches")
+    p.set_defaults(func=_cmd_lock)

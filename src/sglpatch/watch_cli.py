@@ -1,0 +1,41 @@
+"""`sglpatch watch` on the command line: its arguments and run function (sglpatch.watch, the
+matrix, is imported only when the command runs)."""
+
+from __future__ import annotations
+
+import argparse
+
+from sglpatch import cliargs, exitcodes
+from sglpatch.errors import SglpatchError
+
+HELP = "upstream watch over every release after the pin: per-patch status matrix and dependency pins"
+DESCRIPTION = (
+    "One row per release after the pin, one column per patch, and each release's dependency pins. "
+    "Exit 0 when the newest release needs nothing or only unattended work, 3 when it needs a human."
+)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--project", help=cliargs.PROJECT_HELP)
+    p.add_argument("--releases", metavar="A..B|A,B", help="only these releases: a range (inclusive; either side may be empty) or a comma-separated list")
+    p.add_argument("--json", metavar="FILE", help="also write the matrix as JSON")
+    p.add_argument("--markdown", metavar="FILE", help="also write a markdown report")
+    p.add_argument("--jobs", type=int, metavar="N", help="classify releases in N processes (default: the CPUs, at most 4)")
+    p.add_argument("--recheck", action="store_true", help="classify every release again, also those a run with the same "
+                   "series, resolutions and sglpatch already classified (kept in the tree cache)")
+    p.add_argument("--command-line", help=argparse.SUPPRESS)
+
+
+def run_args(args) -> int:
+    from sglpatch import watch
+
+    if args.jobs is not None and args.jobs < 1:
+        raise SglpatchError("--jobs must be 1 or more", exitcodes.USAGE)
+    return watch.main(cliargs.project(args), releases=args.releases, json_out=args.json, md_out=args.markdown,
+                      command=args.command_line, jobs=args.jobs, recheck=args.recheck)
+
+
+def register(sub) -> None:
+    p = sub.add_parser("watch", help=HELP, description=DESCRIPTION)
+    add_arguments(p)
+    p.set_defaults(func=run_args)
