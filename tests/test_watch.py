@@ -20,6 +20,7 @@ from sglpatch import artifacts, rebase, series, stack, supersede, treecache, wat
 from sglpatch import upstream as up
 from sglpatch.gitcmd import Git
 from sglpatch.lock import UNKNOWN_COMMIT, Lock
+from sglpatch.rebase import target
 
 SDIST = "0.5.10"
 WHEEL = "0.5.21"
@@ -176,7 +177,7 @@ def test_second_run_reuses_the_classification_recheck_and_new_inputs_redo_it(tre
 def test_dry_run_takes_the_tree_from_the_cache(trees, tmp_path):
     """The dry run's registry trees are the cached ones (nothing unpacked again), byte for byte
     the tree a real rebase commits (up.build_registry)."""
-    lock = up.target_lock(Lock.parse((ROOT / "upstream.lock").read_text(), "lock"), WHEEL, "wheel", ls_remote=False)
+    lock = target.target_lock(Lock.parse((ROOT / "upstream.lock").read_text(), "lock"), WHEEL, "wheel", ls_remote=False)
     g = Git(tmp_path / "scratch")
     g.workdir.mkdir()
     g.run("init", "-q", "--bare")

@@ -18,6 +18,7 @@ from sglpatch.series import PATCH_DIR, Entry, PatchFile, parse_patch, read_serie
 from sglpatch.rebase.common import EXIT_HUMAN, EXIT_NOTHING, EXIT_UNATTENDED, Outcome, RESOLUTIONS_DIR, RebaseError, _table
 from sglpatch.rebase.merge import _commit_like, _conflict_regions, _failing_hunks, _three_way
 from sglpatch.rebase.upstreamed import _upstream_evidence
+from sglpatch.rebase import target
 from sglpatch.rebase.resolutions import Recorded, _rerere, conflict_key, lenient_resolutions, read_resolutions
 
 
@@ -207,25 +208,12 @@ def _build_new_upstream(git: Git, lock: Lock, source: str, url: str | None) -> s
     raise RebaseError(f"unknown source {source!r}; use auto, git, sdist or wheel")
 
 
-def _resolve_source(project: stack.Project, onto: str, source: str, url: str | None) -> str:
-    """--source auto: git when the URL answers, else the sdist, else the wheel (says which and why)."""
-    if source != "auto":
-        return source
-    m = up._ONTO_VERSION_RE.match(onto.strip())
-    if not m:
-        return "git"
-    tag = onto if onto.startswith("v") else f"v{m.group(1)}"
-    chosen, why = up.choose_source(url or project.lock.url, tag, project.lock.name, m.group(1))
-    say(f"source: {chosen} ({why})")
-    return chosen
-
-
 def _prepare(git: Git, project_root: Path, onto: str, source: str, commit: str | None, url: str | None, in_sync,
              cached: bool = False) -> Plan:
     """cached (dry runs): registry trees come from the tree cache (sglpatch.treecache), which git
     (a scratch repository) then borrows; a real rebase commits them into the workdir."""
     project = stack.Project.load(project_root)
-    source = _resolve_source(project, onto, source, url)
+    source = target.resolve_source(project.lock, onto, source, url)
     registry = treecache.registry_commit if cached else up.build_registry
     if in_sync is None:
         say(f"building the current stack on {project.lock.describe()} to compare against")
@@ -234,11 +222,11 @@ def _prepare(git: Git, project_root: Path, onto: str, source: str, commit: str |
         old_commits = stack.build_chain(git, project, old_base, progress=False)
     else:
         old_base, old_commits = in_sync
-    version_guess = up._ONTO_VERSION_RE.match(onto)
+    version_guess = target.VERSION_RE.match(onto)
     recorded_target = {}
     if version_guess:
         _, recorded_target = read_resolutions(project_root, version_guess.group(1))
-    new_lock = up.target_lock(project.lock, onto, source, recorded=recorded_target, commit=commit, url=url)
+    new_lock = target.target_lock(project.lock, onto, source, recorded=recorded_target, commit=commit, url=url)
     if new_lock.pin_digest() == project.lock.pin_digest():
         raise RebaseError(f"the series is already pinned to {new_lock.describe()}; nothing to rebase")
     t0 = time.monotonic()
