@@ -1,56 +1,25 @@
-"""The engine: classify every patch on the new upstream (in series order), prepare the old stack and
-the new upstream, and the dry run (the upstream watch uses classify())."""
+"""The engine: classify every patch on the new upstream (in series order, each on the ones kept
+before it), the steps a rebase takes, and the dry run (the upstream watch uses classify())."""
 
 from __future__ import annotations
 
-import hashlib
-import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from sglpatch import mergecheck, stack, treecache
-from sglpatch import upstream as up
 from sglpatch.errors import SglpatchError, say
 from sglpatch.fsutil import crashpoint, private_tmpdir
 from sglpatch.gitcmd import Git
 from sglpatch.lock import Lock
 from sglpatch.series import PATCH_DIR, Entry, PatchFile, parse_patch, read_series
-from sglpatch.rebase.common import EXIT_HUMAN, EXIT_NOTHING, EXIT_UNATTENDED, Outcome, RESOLUTIONS_DIR, RebaseError, _table
+from sglpatch.rebase.common import EXIT_HUMAN, EXIT_NOTHING, EXIT_UNATTENDED, Outcome, RESOLUTIONS_DIR, _table
 from sglpatch.rebase.merge import _commit_like, _conflict_regions, _failing_hunks, _three_way
+from sglpatch.rebase.plan import Plan, in_sync_stack, new_plan, prepare
 from sglpatch.rebase.upstreamed import _upstream_evidence
-from sglpatch.rebase import target
 from sglpatch.rebase.resolutions import Recorded, _rerere, conflict_key, lenient_resolutions, read_resolutions
 
 
-# --------------------------------------------------------------------------------------
-# the engine
-
-
-PLAN_FORMAT = 1  # of the saved Plan (state.json); state.load refuses any other, with the way out
-
-
-@dataclass
-class Plan:
-    """Everything a rebase needs, saved as state between --continue calls (state.json).
-    A change to its fields that an older sglpatch cannot read raises PLAN_FORMAT."""
-
-    project: str
-    source: str
-    old_lock: str  # dumps
-    new_lock: str  # dumps (blobs filled at the end)
-    old_base: str
-    old_commits: list[str]
-    names: list[str]
-    strips: list[int]
-    sha256s: list[str]
-    onto: str
-    head: str
-    next: int = 0
-    outcomes: list[dict] = field(default_factory=list)
-    hand: dict[str, str] = field(default_factory=dict)  # name -> "replace"/"drop" resolved during this rebase
-    orig: dict = field(default_factory=dict)
-    stopped: dict = field(default_factory=dict)
-    format: int = PLAN_FORMAT
+RECORDED_ADVICE = "a recorded resolution must fit the new upstream exactly: re-record it (scripts/rerecord.sh VERSION)"
 
 
 def _step(
@@ -153,7 +122,7 @@ def _load_old_patches(project_root: Path, plan: Plan) -> list[PatchFile]:
     return out
 
 
-def _run_steps(git: Git, plan: Plan, dry_run: bool, lenient: bool = False) -> list[Outcome]:
+def run_steps(git: Git, plan: Plan, dry_run: bool, lenient: bool = False) -> list[Outcome]:
     """Go on from plan.next; returns all outcomes; stops (real rebase) at the first 'stop'.
     lenient (the watch): a resolutions folder that cannot be read is left out, with one line."""
     project_root = Path(plan.project)
@@ -180,89 +149,12 @@ def _run_steps(git: Git, plan: Plan, dry_run: bool, lenient: bool = False) -> li
     return outcomes
 
 
-# --------------------------------------------------------------------------------------
-# preparing: old stack, new upstream
-
-
-def _in_sync_stack(git: Git, project: stack.Project) -> tuple[str, list[str]] | None:
-    """(upstream, commits) of DIR when it holds exactly the project's series on its pin."""
-    base = git.rev(up.UPSTREAM_BRANCH)
-    head = git.rev(stack.PATCHED_BRANCH)
-    if not base or not head or up.upstream_pin(git) != project.lock.pin_digest():
-        return None
-    rec_digest, rec_head = stack._recorded(git)
-    if rec_head != head or rec_digest != project.digest(base):
-        return None
-    commits = git.commits(base, head)
-    return (base, commits) if len(commits) == len(project.patches) else None
-
-
-RECORDED_ADVICE = "a recorded resolution must fit the new upstream exactly: re-record it (scripts/rerecord.sh VERSION)"
-
-
-def _build_new_upstream(git: Git, lock: Lock, source: str, url: str | None) -> str:
-    if source in ("sdist", "wheel"):
-        return up.build_registry(git, lock)
-    if source == "git":
-        return up.build_from_git(git, lock, url)
-    raise RebaseError(f"unknown source {source!r}; use auto, git, sdist or wheel")
-
-
-def _prepare(git: Git, project_root: Path, onto: str, source: str, commit: str | None, url: str | None, in_sync,
-             cached: bool = False) -> Plan:
-    """cached (dry runs): registry trees come from the tree cache (sglpatch.treecache), which git
-    (a scratch repository) then borrows; a real rebase commits them into the workdir."""
-    project = stack.Project.load(project_root)
-    source = target.resolve_source(project.lock, onto, source, url)
-    registry = treecache.registry_commit if cached else up.build_registry
-    if in_sync is None:
-        say(f"building the current stack on {project.lock.describe()} to compare against")
-        old_base = up.build_from_git(git, project.lock, url) if source == "git" else registry(git, project.lock)
-        up.verify_blobs(git, old_base, project.lock, source)
-        old_commits = stack.build_chain(git, project, old_base, progress=False)
-    else:
-        old_base, old_commits = in_sync
-    version_guess = target.VERSION_RE.match(onto)
-    recorded_target = {}
-    if version_guess:
-        _, recorded_target = read_resolutions(project_root, version_guess.group(1))
-    new_lock = target.target_lock(project.lock, onto, source, recorded=recorded_target, commit=commit, url=url)
-    if new_lock.pin_digest() == project.lock.pin_digest():
-        raise RebaseError(f"the series is already pinned to {new_lock.describe()}; nothing to rebase")
-    t0 = time.monotonic()
-    onto_commit = registry(git, new_lock) if cached and source in ("sdist", "wheel") else _build_new_upstream(git, new_lock, source, url)
-    got = new_lock.artifact_kind if source in ("sdist", "wheel") else source  # 0.5.11+ have no sdist: the wheel
-    why = f" (the registry has no {source} of {new_lock.version})" if got != source else ""
-    say(f"new upstream {new_lock.describe()} ready from {got}{why} in {time.monotonic() - t0:.1f}s")
-    return Plan(
-        project=str(project_root),
-        source=source,
-        old_lock=project.lock.dumps(),
-        new_lock=new_lock.dumps(),
-        old_base=old_base,
-        old_commits=old_commits,
-        names=[e.name for e in project.series.entries],
-        strips=[e.strip for e in project.series.entries],
-        sha256s=[hashlib.sha256(p.data).hexdigest() for p in project.patches],
-        onto=onto_commit,
-        head=onto_commit,
-    )
-
-
 def classify(git: Git, project_root: Path, old_base: str, old_commits: list[str], new_lock: Lock, onto: str, source: str) -> list[Outcome]:
     """Classify every patch of the project's series on `onto` (dry run; the watch calls this
     once per release with the old stack built once). git must hold all of these objects."""
     project = stack.Project.load(project_root)
-    plan = Plan(
-        project=str(project_root), source=source, old_lock=project.lock.dumps(), new_lock=new_lock.dumps(),
-        old_base=old_base, old_commits=list(old_commits), names=[e.name for e in project.series.entries],
-        strips=[e.strip for e in project.series.entries], sha256s=[hashlib.sha256(p.data).hexdigest() for p in project.patches],
-        onto=onto, head=onto,
-    )
-    outcomes = _run_steps(git, plan, dry_run=True, lenient=True)
-    for o in outcomes:
-        o.how = o.how.replace("{version}", new_lock.version)
-    return outcomes
+    plan = new_plan(project_root, project, source, new_lock, old_base, old_commits, onto)
+    return run_steps(git, plan, dry_run=True, lenient=True)
 
 
 # --------------------------------------------------------------------------------------
@@ -296,13 +188,13 @@ def _dry_run(project_root: Path, workdir: Path | None, onto: str, source: str, c
         in_sync = None
         if workdir is not None and (Path(workdir) / ".git").is_dir():
             dg = stack.open_workdir(Path(workdir), create=False)
-            in_sync = _in_sync_stack(dg, project)
+            in_sync = in_sync_stack(dg, project)
             if in_sync is not None:
                 objects = (Path(workdir) / ".git" / "objects").resolve()
                 (scratch / "objects" / "info").mkdir(parents=True, exist_ok=True)
                 (scratch / "objects" / "info" / "alternates").write_text(f"{objects}\n")
-        plan = _prepare(sg, project_root, onto, source, commit, url, in_sync, cached=True)
-        outcomes = _run_steps(sg, plan, dry_run=True)
+        plan = prepare(sg, project_root, onto, source, commit, url, in_sync, cached=True)
+        outcomes = run_steps(sg, plan, dry_run=True)
     new_lock = Lock.parse(plan.new_lock, "target")
     if any(o.action == "stop" for o in outcomes):
         code, verdict = EXIT_HUMAN, "the series needs a human: conflicts without a recorded resolution"

@@ -20,7 +20,8 @@ from sglpatch.series import PATCH_DIR
 from sglpatch.rebase.common import CHANGELOG, Outcome, REF_PREFIX, REPORTS_DIR, RESOLUTIONS_DIR, RebaseError, RebaseStopped, _table
 from sglpatch.rebase.merge import _commit_like
 from sglpatch.rebase.resolutions import Recorded, read_resolutions, write_resolutions
-from sglpatch.rebase.classify import Plan, _in_sync_stack, _prepare, _run_steps
+from sglpatch.rebase.classify import run_steps
+from sglpatch.rebase.plan import Plan, in_sync_stack, prepare
 from sglpatch.rebase import state
 
 
@@ -82,14 +83,14 @@ def start(
         dirty = git.dirty_files()
         if dirty:
             raise RebaseError(f"{git.workdir} has uncommitted changes ({', '.join(dirty[:3])}); commit and `sglpatch export`, or stash them")
-        in_sync = _in_sync_stack(git, project)
+        in_sync = in_sync_stack(git, project)
         if in_sync is None:
             raise RebaseError(
                 f"{git.workdir} does not hold the project's series on its pin (unexported commits, or not applied); "
                 "run `sglpatch export` or `sglpatch apply` first, then rebase"
             )
         branch = git.current_branch()
-        plan = _prepare(git, project_root, onto, source, commit, url, in_sync)
+        plan = prepare(git, project_root, onto, source, commit, url, in_sync)
         crashpoint("rebase:upstream")
         plan.orig = {
             "branch": branch,
@@ -118,7 +119,7 @@ def _project_dirs(plan: Plan, old_lock: Lock, new_lock: Lock) -> list[str]:
 
 
 def _drive(git: Git, plan: Plan) -> list[str]:
-    outcomes = _run_steps(git, plan, dry_run=False)
+    outcomes = run_steps(git, plan, dry_run=False)
     git.update_ref(f"{REF_PREFIX}/head", plan.head, message="sglpatch rebase: progress")
     _save(git, plan)
     crashpoint("rebase:progress")
