@@ -6,13 +6,14 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from sglpatch import mergecheck, stack, treecache
+from sglpatch import stack, treecache
 from sglpatch.errors import SglpatchError, say
 from sglpatch.fsutil import crashpoint, private_tmpdir
 from sglpatch.gitcmd import Git
 from sglpatch.lock import Lock
 from sglpatch.series import PATCH_DIR, Entry, PatchFile, parse_patch, read_series
 from sglpatch.rebase.common import EXIT_HUMAN, EXIT_NOTHING, EXIT_UNATTENDED, Outcome, RESOLUTIONS_DIR, _table
+from sglpatch.rebase import mergecheck
 from sglpatch.rebase.merge import _commit_like, _conflict_regions, _failing_hunks, _three_way
 from sglpatch.rebase.plan import Plan, in_sync_stack, new_plan, prepare
 from sglpatch.rebase.upstreamed import _upstream_evidence
