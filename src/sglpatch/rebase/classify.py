@@ -14,10 +14,10 @@ from sglpatch.lock import Lock
 from sglpatch.series import PATCH_DIR, Entry, PatchFile, parse_patch, read_series
 from sglpatch.rebase.common import EXIT_HUMAN, EXIT_NOTHING, EXIT_UNATTENDED, Outcome, RESOLUTIONS_DIR, _table
 from sglpatch.rebase import mergecheck
-from sglpatch.rebase.merge import _commit_like, _conflict_regions, _failing_hunks, _three_way
+from sglpatch.rebase.merge import commit_like, conflict_regions, failing_hunks, three_way
 from sglpatch.rebase.plan import Plan, in_sync_stack, new_plan, prepare
-from sglpatch.rebase.upstreamed import _upstream_evidence
-from sglpatch.rebase.resolutions import Recorded, _rerere, conflict_key, lenient_resolutions, read_resolutions
+from sglpatch.rebase.upstreamed import upstream_evidence
+from sglpatch.rebase.resolutions import Recorded, rerere, conflict_key, lenient_resolutions, read_resolutions
 
 
 RECORDED_ADVICE = "a recorded resolution must fit the new upstream exactly: re-record it (scripts/rerecord.sh VERSION)"
@@ -29,7 +29,6 @@ def _step(
     i: int,
     project_patch: PatchFile,
     recs: dict[str, Recorded],
-    dry_run: bool,
 ) -> Outcome:
     """Classify patch i on plan.head and, when it can go on alone, extend plan.head."""
     name = plan.names[i]
@@ -40,7 +39,7 @@ def _step(
     head = plan.head
     hint = patch.dep3.get("Applied-Upstream", "")
     o = Outcome(name=name, subject=patch.subject, status="", hint=hint)
-    evidence = _upstream_evidence(git, head, old_parent, old_commit, entry, patch)
+    evidence = upstream_evidence(git, head, old_parent, old_commit, entry, patch)
     new_commit = None
     if evidence:
         o.status, o.action, o.how = "upstream", "drop", evidence
@@ -51,14 +50,14 @@ def _step(
         new_commit = stack.commit_patch(git, head, entry, patch, exact=True)
         o.status = "exact"
     except SglpatchError:
-        clean, tree, files = _three_way(git, head, old_parent, old_commit)
+        clean, tree, files = three_way(git, head, old_parent, old_commit)
         if clean and tree == git.tree_of(head):
             o.status, o.action = "upstream", "drop"
             o.how = "verified: the 3-way result equals the new upstream"
             return o
         if clean:
             o.status = "3way"
-            new_commit = _commit_like(git, tree, head, old_commit)
+            new_commit = commit_like(git, tree, head, old_commit)
             problems = mergecheck.check(git, old_parent, head, new_commit, patch.files)
             if problems:  # merged is not working: never carried unattended
                 o.status, o.how, o.hunks = "3way-broken", f"3-way but broken: {problems[0]}", problems
@@ -68,16 +67,16 @@ def _step(
             gone = [f for f in modified if git.blob_text(head, f) is None]
             o.status = "obsolete" if modified and len(gone) == len(modified) else "conflict"
             o.files = files
-            o.hunks = _failing_hunks(git, head, patch, entry.strip)
+            o.hunks = failing_hunks(git, head, patch, entry.strip)
             for f in files:
-                o.hunks += _conflict_regions(git, tree, f)
+                o.hunks += conflict_regions(git, tree, f)
     if hint:
         o.note = f"Applied-Upstream says {hint!r}, but the change is not in the new tree: kept"
     rec = recs.get(name)
     key = conflict_key(git, tree, o.files) if o.status in ("conflict", "obsolete") else ""
     o.conflict = key
     if key and (rec is None or rec.patch_sha256 != plan.sha256s[i]):
-        rec = _rerere(Path(plan.project), name, key, plan.sha256s[i], o) or rec
+        rec = rerere(Path(plan.project), name, key, plan.sha256s[i], o) or rec
     if rec is not None and rec.patch_sha256 != plan.sha256s[i] and not (key and rec.conflict == key):
         o.note = (o.note + "; " if o.note else "") + (
             f"the recorded resolution in {RESOLUTIONS_DIR}/ is for another version of this patch: not used"
@@ -136,7 +135,7 @@ def run_steps(git: Git, plan: Plan, dry_run: bool, lenient: bool = False) -> lis
     patches = _load_old_patches(project_root, plan)
     while plan.next < n:
         i = plan.next
-        o = _step(git, plan, i, patches[i], recs, dry_run)
+        o = _step(git, plan, i, patches[i], recs)
         o.how = o.how.replace("{version}", new_lock.version)
         if not dry_run:
             say(f"[{i + 1}/{n}] {o.name}: {o.status} -> {o.action}")
