@@ -43,7 +43,7 @@ KNOWN_DEP3 = (
     "Acked-by",
     "Last-Update",
     "Applied-Upstream",
-    "X-Superseded-By",  # sglpatch: how to recognise upstream's replacement (sglpatch.supersede)
+    "X-Superseded-By",  # sglpatch: how to recognise upstream's replacement (sglpatch.watch.supersede)
 )
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+/-]*$")
 
