@@ -12,7 +12,7 @@ from sglpatch.fsutil import crashpoint, private_tmpdir
 from sglpatch.gitcmd import Git
 from sglpatch.lock import Lock
 from sglpatch.series import PATCH_DIR, Entry, PatchFile, parse_patch, read_series
-from sglpatch.rebase.common import EXIT_HUMAN, EXIT_NOTHING, EXIT_UNATTENDED, Outcome, RESOLUTIONS_DIR, _table
+from sglpatch.rebase.outcome import EXIT_HUMAN, EXIT_NOTHING, EXIT_UNATTENDED, RESOLUTIONS_DIR, Action, Outcome, Status, table
 from sglpatch.rebase import mergecheck
 from sglpatch.rebase.merge import commit_like, conflict_regions, failing_hunks, three_way
 from sglpatch.rebase.plan import Plan, in_sync_stack, new_plan, prepare
@@ -42,30 +42,30 @@ def _step(
     evidence = upstream_evidence(git, head, old_parent, old_commit, entry, patch)
     new_commit = None
     if evidence:
-        o.status, o.action, o.how = "upstream", "drop", evidence
+        o.status, o.action, o.how = Status.UPSTREAM, Action.DROP, evidence
         if not hint:
             o.note = "no Applied-Upstream field; found in the tree"
         return o
     try:
         new_commit = stack.commit_patch(git, head, entry, patch, exact=True)
-        o.status = "exact"
+        o.status = Status.EXACT
     except SglpatchError:
         clean, tree, files = three_way(git, head, old_parent, old_commit)
         if clean and tree == git.tree_of(head):
-            o.status, o.action = "upstream", "drop"
+            o.status, o.action = Status.UPSTREAM, Action.DROP
             o.how = "verified: the 3-way result equals the new upstream"
             return o
         if clean:
-            o.status = "3way"
+            o.status = Status.THREE_WAY
             new_commit = commit_like(git, tree, head, old_commit)
             problems = mergecheck.check(git, old_parent, head, new_commit, patch.files)
             if problems:  # merged is not working: never carried unattended
-                o.status, o.how, o.hunks = "3way-broken", f"3-way but broken: {problems[0]}", problems
+                o.status, o.how, o.hunks = Status.BROKEN, f"3-way but broken: {problems[0]}", problems
                 o.files = sorted({x.split(":", 1)[0] for x in problems})
         else:
             modified = [f for f in patch.files if git.blob_text(old_parent, f) is not None]
             gone = [f for f in modified if git.blob_text(head, f) is None]
-            o.status = "obsolete" if modified and len(gone) == len(modified) else "conflict"
+            o.status = Status.OBSOLETE if modified and len(gone) == len(modified) else Status.CONFLICT
             o.files = files
             o.hunks = failing_hunks(git, head, patch, entry.strip)
             for f in files:
@@ -73,7 +73,7 @@ def _step(
     if hint:
         o.note = f"Applied-Upstream says {hint!r}, but the change is not in the new tree: kept"
     rec = recs.get(name)
-    key = conflict_key(git, tree, o.files) if o.status in ("conflict", "obsolete") else ""
+    key = conflict_key(git, tree, o.files) if o.status in (Status.CONFLICT, Status.OBSOLETE) else ""
     o.conflict = key
     if key and (rec is None or rec.patch_sha256 != plan.sha256s[i]):
         rec = rerere(Path(plan.project), name, key, plan.sha256s[i], o) or rec
@@ -84,30 +84,30 @@ def _step(
         rec = None
     if rec is not None:
         if rec.action == "drop":
-            o.action, o.how = "recorded-drop", f"recorded decision: {rec.why}" if rec.why else "recorded decision"
+            o.action, o.how = Action.RECORDED_DROP, f"recorded decision: {rec.why}" if rec.why else "recorded decision"
             return o
         rp = parse_patch(name, rec.data, entry.strip)
         try:
             new_commit = stack.commit_patch(git, head, entry, rp, exact=True, advice=RECORDED_ADVICE)
         except SglpatchError as e:
-            o.action = "stop"
+            o.action = Action.STOP
             o.note = (o.note + "; " if o.note else "") + f"the recorded resolution no longer applies ({e})"
             return o
         problems = mergecheck.check(git, old_parent, head, new_commit, rp.files)
         if problems:
-            o.action = "stop"
+            o.action = Action.STOP
             o.hunks = o.hunks + problems
             o.note = (o.note + "; " if o.note else "") + f"the recorded resolution applies but is broken on this upstream: {problems[0]}"
             return o
-        o.action = "recorded"
+        o.action = Action.RECORDED
         o.how = f"recorded resolution {RESOLUTIONS_DIR}/{rec.version or '{version}'}/{name}" + (f": {rec.why}" if rec.why else "")
         o.new_commit = new_commit
         plan.head = new_commit
         return o
-    if o.status in ("conflict", "obsolete", "3way-broken"):
-        o.action = "stop"
+    if o.status in (Status.CONFLICT, Status.OBSOLETE, Status.BROKEN):
+        o.action = Action.STOP
         return o
-    o.action = "keep" if o.status == "exact" else "refresh"
+    o.action = Action.KEEP if o.status == Status.EXACT else Action.REFRESH
     o.new_commit = new_commit
     plan.head = new_commit
     return o
@@ -139,7 +139,7 @@ def run_steps(git: Git, plan: Plan, dry_run: bool, lenient: bool = False) -> lis
         o.how = o.how.replace("{version}", new_lock.version)
         if not dry_run:
             say(f"[{i + 1}/{n}] {o.name}: {o.status} -> {o.action}")
-        if o.action == "stop" and not dry_run:
+        if o.action == Action.STOP and not dry_run:
             return outcomes + [o]
         outcomes.append(o)
         plan.outcomes.append(asdict(o))
@@ -196,13 +196,13 @@ def _dry_run(project_root: Path, workdir: Path | None, onto: str, source: str, c
         plan = prepare(sg, project_root, onto, source, commit, url, in_sync, cached=True)
         outcomes = run_steps(sg, plan, dry_run=True)
     new_lock = Lock.parse(plan.new_lock, "target")
-    if any(o.action == "stop" for o in outcomes):
+    if any(o.action == Action.STOP for o in outcomes):
         code, verdict = EXIT_HUMAN, "the series needs a human: conflicts without a recorded resolution"
-    elif all(o.action == "keep" for o in outcomes):
+    elif all(o.action == Action.KEEP for o in outcomes):
         code, verdict = EXIT_NOTHING, "every patch applies exactly: `sglpatch rebase` will only move the pin"
     else:
         code, verdict = EXIT_UNATTENDED, "the series needs work that `sglpatch rebase` does unattended"
     lines = [f"upstream watch: {project.lock.describe()} -> {new_lock.describe()} (dry run, nothing changed)"]
-    lines += _table(outcomes)
+    lines += table(outcomes)
     lines.append(f"verdict: {verdict} (exit {code})")
     return DryRunResult(outcomes, new_lock.version, code, lines)

@@ -15,7 +15,7 @@ from sglpatch.errors import say
 from sglpatch.gitcmd import Git
 from sglpatch.lock import Lock
 from sglpatch.rebase import target
-from sglpatch.rebase.common import RebaseError
+from sglpatch.rebase.outcome import RebaseError
 from sglpatch.rebase.resolutions import read_resolutions
 
 

@@ -17,7 +17,9 @@ from sglpatch.fsutil import crashpoint, exclusive, journal, tmp_prefix, write_if
 from sglpatch.gitcmd import Git
 from sglpatch.lock import Lock, write_lock
 from sglpatch.series import PATCH_DIR
-from sglpatch.rebase.common import CHANGELOG, Outcome, REF_PREFIX, REPORTS_DIR, RESOLUTIONS_DIR, RebaseError, RebaseStopped, _table
+from sglpatch.rebase.outcome import (
+    CHANGELOG, DROPPED, REF_PREFIX, REPORTS_DIR, RESOLUTIONS_DIR, Action, Outcome, RebaseError, RebaseStopped, table,
+)
 from sglpatch.rebase.merge import commit_like
 from sglpatch.rebase.resolutions import Recorded, read_resolutions, write_resolutions
 from sglpatch.rebase.classify import run_steps
@@ -111,7 +113,7 @@ def _drive(git: Git, plan: Plan) -> list[str]:
     git.update_ref(f"{REF_PREFIX}/head", plan.head, message="sglpatch rebase: progress")
     state.save(git, plan)
     crashpoint("rebase:progress")
-    if outcomes and outcomes[-1].action == "stop" and plan.next < len(plan.names):
+    if outcomes and outcomes[-1].action == Action.STOP and plan.next < len(plan.names):
         _stop(git, plan, outcomes[-1])  # raises RebaseStopped
     return []
 
@@ -131,7 +133,7 @@ def _stop(git: Git, plan: Plan, o: Outcome) -> list[str]:
     state.save(git, plan)
     crashpoint("rebase:stop:saved")
     wd = git.workdir
-    lines = _table([Outcome(**d) for d in plan.outcomes] + [o])
+    lines = table([Outcome(**d) for d in plan.outcomes] + [o])
     lines += [
         "",
         f"rebase stopped at patch {i + 1}/{len(plan.names)}: {o.name} ({o.subject})",
@@ -167,7 +169,7 @@ def _resolved(git: Git, plan: Plan, skip: bool) -> None:
     o = Outcome(**plan.stopped["outcome"])
     if skip:
         git.run("reset", "-q", "--hard", plan.head)
-        o.action, o.how = "skip", "dropped by hand (--skip)"
+        o.action, o.how = Action.SKIP, "dropped by hand (--skip)"
         plan.hand[o.name] = "drop"
     else:
         touched = sorted(set(plan.stopped["files"]) | set(git.dirty_files()))
@@ -186,13 +188,13 @@ def _resolved(git: Git, plan: Plan, skip: bool) -> None:
             raise RebaseError(f"conflict markers are still in {', '.join(left)}; resolve them, then --continue again")
         tree = git.run("write-tree")
         if tree == git.tree_of(plan.head):
-            o.action, o.how = "skip", "the resolution left no change: dropped"
+            o.action, o.how = Action.SKIP, "the resolution left no change: dropped"
             plan.hand[o.name] = "drop"
         else:
             new = commit_like(git, tree, plan.head, plan.old_commits[i])
             git.run("update-ref", "--no-deref", "-m", "sglpatch rebase: resolved", "HEAD", new)
             plan.head = new
-            o.action, o.how, o.new_commit = "hand", "resolved by hand", new
+            o.action, o.how, o.new_commit = Action.HAND, "resolved by hand", new
             plan.hand[o.name] = "replace"
     plan.outcomes.append(asdict(o))
     plan.next = i + 1
@@ -256,14 +258,14 @@ def _changelog_section(old: Lock, new: Lock, source: str, outcomes: list[Outcome
         + (" The release records no commit and GitHub did not answer: the pin says commit = unknown." if new.commit == "unknown" else ""),
     ]
     for o in outcomes:
-        if o.action in ("drop", "recorded-drop", "skip"):
+        if o.action in DROPPED:
             pr = f" Upstream: {o.hint}." if o.hint else ""
             lines.append(f"- `{o.name}` ({o.subject}): {o.status}; dropped from the series. {o.how}.{pr}")
-        elif o.action == "recorded":
+        elif o.action == Action.RECORDED:
             lines.append(f"- `{o.name}` ({o.subject}): {o.status}; resolved with the {o.how}.")
-        elif o.action == "hand":
+        elif o.action == Action.HAND:
             lines.append(f"- `{o.name}` ({o.subject}): {o.status} in {', '.join(o.files)}; resolved by hand and recorded in {RESOLUTIONS_DIR}/{new.version}/.")
-        elif o.action == "refresh":
+        elif o.action == Action.REFRESH:
             lines.append(f"- `{o.name}` ({o.subject}): applied with a 3-way merge; refreshed.")
         else:
             lines.append(f"- `{o.name}` ({o.subject}): applies exactly; unchanged.")
@@ -326,7 +328,7 @@ def _finish_journaled(git: Git, plan: Plan) -> list[str]:
     rd = _range_diff(git, plan, new_base, new_head)
     snap = state.state_dir(git) / "project" / "files"
     for o in outcomes:
-        if o.action in ("drop", "recorded-drop", "skip"):
+        if o.action in DROPPED:
             # from the snapshot: a killed earlier finish may have exported (removed) it already
             write_if_changed(report_dir / "dropped" / o.name, (snap / PATCH_DIR / o.name).read_bytes(), within=project_root)
     report = [
@@ -335,7 +337,7 @@ def _finish_journaled(git: Git, plan: Plan) -> list[str]:
         f"source: {plan.source}; new upstream commit in the workdir {new_base}; new patched {new_head}",
         "",
         "```",
-        *_table(outcomes),
+        *table(outcomes),
         "```",
         "",
         "## Per-patch range-diff (old stack vs new stack)",
@@ -389,7 +391,7 @@ def _finish_project(git, plan, outcomes, old_lock, new_lock, new_base, report_di
         git.run("update-ref", "-d", f"{REF_PREFIX}/{ref}", check=False)
     (state.state_dir(git) / "state.json").unlink()  # first: a kill in the rmtree leaves nothing to resume
     shutil.rmtree(state.state_dir(git))
-    lines = [f"rebased onto {new_lock.describe()}"] + _table(outcomes)
+    lines = [f"rebased onto {new_lock.describe()}"] + table(outcomes)
     lines.append(f"exported: {len(res.written)} written, {len(res.unchanged)} unchanged, {len(res.removed)} removed")
     lines.append(f"report: {rel}; CHANGELOG.md and upstream.lock updated (commit them)")
     return lines

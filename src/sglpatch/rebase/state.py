@@ -22,7 +22,7 @@ from pathlib import Path
 from sglpatch.fsutil import inside, no_link, read_journal, write_if_changed
 from sglpatch.gitcmd import Git
 from sglpatch.rebase.plan import PLAN_FORMAT, Plan
-from sglpatch.rebase.common import CHANGELOG, REPORTS_DIR, RESOLUTIONS_DIR, RebaseError, STATE_DIR
+from sglpatch.rebase.outcome import CHANGELOG, REPORTS_DIR, RESOLUTIONS_DIR, RebaseError, STATE_DIR
 from sglpatch.series import PATCH_DIR, SERIES_NAME
 
 _TYPES = {"str": str, "int": int, "list": list, "dict": dict}

@@ -22,6 +22,7 @@ from sglpatch.errors import SglpatchError, say
 from sglpatch.fsutil import private_tmpdir
 from sglpatch.gitcmd import Git
 from sglpatch.lock import UNKNOWN_COMMIT, Lock
+from sglpatch.rebase.outcome import Action, Status
 from sglpatch.watch import depwatch, supersede
 
 DEPS = ("torch", "flashinfer-python", "sgl-kernel", "sglang-kernel", "transformers")
@@ -30,7 +31,7 @@ VERDICT = {"nothing": "nothing to do", "unattended": "rebase does it unattended"
 
 @dataclass
 class Cell:
-    status: str  # exact | 3way | 3way-broken | conflict | obsolete | upstream | recorded | superseded
+    status: Status
     text: str  # the words the issue uses
     details: list[str] = field(default_factory=list)
     needs_human: bool = False
@@ -83,23 +84,23 @@ def pins(requires_dist: list[str], requires_python: str, version: str, name: str
 
 
 def _cell(o: rebase.Outcome, version: str) -> Cell:
-    if o.action == "recorded":
-        return Cell("recorded", f"resolved (recorded for {o.how.split('/')[1] if '/' in o.how else version})", [o.how])
+    if o.action == Action.RECORDED:
+        return Cell(Status.RECORDED, f"resolved (recorded for {o.how.split('/')[1] if '/' in o.how else version})", [o.how])
     details = list(o.hunks) or list(o.files)
-    if o.status == "exact":
-        return Cell("exact", "applies exactly")
-    if o.status == "3way":
-        return Cell("3way", "3-way clean")
-    if o.status == "3way-broken":
-        return Cell("3way-broken", o.how, details, True)
-    if o.status == "upstream":
-        return Cell("upstream", "already upstream", [o.how])
-    if o.status == "obsolete":
-        return Cell("obsolete", "target file gone", details, o.action == "stop")
+    if o.status == Status.EXACT:
+        return Cell(Status.EXACT, "applies exactly")
+    if o.status == Status.THREE_WAY:
+        return Cell(Status.THREE_WAY, "3-way clean")
+    if o.status == Status.BROKEN:
+        return Cell(Status.BROKEN, o.how, details, True)
+    if o.status == Status.UPSTREAM:
+        return Cell(Status.UPSTREAM, "already upstream", [o.how])
+    if o.status == Status.OBSOLETE:
+        return Cell(Status.OBSOLETE, "target file gone", details, o.action == Action.STOP)
     text = f"conflict ({', '.join(o.files)})"
     if o.note:
         details.append(o.note)
-    return Cell("conflict", text, details, o.action == "stop")
+    return Cell(Status.CONFLICT, text, details, o.action == Action.STOP)
 
 
 def newer_than_pins(project_root: Path, project: stack.Project, cg: Git, item: tuple, deps: dict[str, str]) -> tuple[dict, list[dict]]:
@@ -164,12 +165,12 @@ def _classify(items: list[tuple]) -> list[Row]:
             cell = _cell(o, v)
             sup = supersede.probe(sg, onto, patch, deps)
             if sup and sup.holds:
-                cell = Cell("superseded", f"superseded by upstream: {sup.evidence}; {sup.switch}", [cell.text] + cell.details, False)
+                cell = Cell(Status.SUPERSEDED, f"superseded by upstream: {sup.evidence}; {sup.switch}", [cell.text] + cell.details, False)
             elif sup and sup.evidence:
                 cell.details.append(f"not superseded: {sup.evidence}")
             cells[o.name] = cell
         human = any(x.needs_human for x in cells.values())
-        verdict = "human" if human else ("nothing" if all(x.status == "exact" for x in cells.values()) else "unattended")
+        verdict = "human" if human else ("nothing" if all(x.status == Status.EXACT for x in cells.values()) else "unattended")
         rows.append(Row(v, kind, art.filename, art.sha256, new_lock.commit, cells, deps, verdict))
         say(f"{lock.name} {v}: {VERDICT[verdict]}")
     return rows

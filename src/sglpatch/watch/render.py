@@ -4,17 +4,18 @@ from __future__ import annotations
 
 import time
 
+from sglpatch.rebase.outcome import Status
 from sglpatch.watch.matrix import DEPS, VERDICT
 
-SHORT = {
-    "exact": "exact",
-    "3way": "3-way",
-    "3way-broken": "BROKEN",
-    "conflict": "CONFLICT",
-    "obsolete": "GONE",
-    "upstream": "upstream",
-    "recorded": "recorded",
-    "superseded": "superseded",
+SHORT = {  # the matrix's column word of each status
+    Status.EXACT: "exact",
+    Status.THREE_WAY: "3-way",
+    Status.BROKEN: "BROKEN",
+    Status.CONFLICT: "CONFLICT",
+    Status.OBSOLETE: "GONE",
+    Status.UPSTREAM: "upstream",
+    Status.RECORDED: "recorded",
+    Status.SUPERSEDED: "superseded",
 }
 
 
@@ -43,7 +44,7 @@ def terminal(report: dict) -> list[str]:
     for r in report["rows"]:
         for n, c in zip(names, cols):
             cell = r["cells"][n]
-            if cell["status"] == "exact":
+            if cell["status"] == Status.EXACT:
                 continue
             lines.append(f"  {r['version']} {c}: {cell['text']}")
             for d in cell["details"][:6]:
@@ -90,7 +91,7 @@ def markdown(report: dict, command: str | None = None) -> str:
     for r in report["rows"]:
         for n, c in zip(names, cols):
             cell = r["cells"][n]
-            if cell["status"] in ("exact", "3way"):
+            if cell["status"] in (Status.EXACT, Status.THREE_WAY):
                 continue
             out.append(f"- **{r['version']} {c}**: {cell['text']}")
             out += [f"  - {d}" for d in cell["details"][:8]]
