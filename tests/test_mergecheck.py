@@ -99,7 +99,7 @@ def test_planted_redefinition_is_caught(base_0510, tmp_path):
 
 
 def test_merge_check_clean_on_sound_merge(base_0510):
-    from sglpatch import mergecheck
+    from sglpatch.rebase import mergecheck
 
     g, base = base_0510
     text = show(g, base, CAR)
@@ -113,7 +113,7 @@ def test_merge_check_clean_on_sound_merge(base_0510):
 def test_upstream_redefinition_moved_by_the_patch_is_not_new(base_0510):
     """Upstream's own 'redefinition ... from line N' moves with lines the patch adds above it
     (0.5.23's add_norm.py under P1): the same message at other line numbers is not new."""
-    from sglpatch import mergecheck
+    from sglpatch.rebase import mergecheck
 
     g, base = base_0510
     text = show(g, base, CAR)

@@ -16,10 +16,12 @@ import uuid
 import pytest
 
 from conftest import ROOT, copy_project, sglpatch
-from sglpatch import artifacts, rebase, series, stack, supersede, treecache, watch
+from sglpatch import artifacts, rebase, series, stack, treecache, watch
 from sglpatch import upstream as up
 from sglpatch.gitcmd import Git
 from sglpatch.lock import UNKNOWN_COMMIT, Lock
+from sglpatch.rebase import target
+from sglpatch.watch import supersede
 
 SDIST = "0.5.10"
 WHEEL = "0.5.21"
@@ -176,7 +178,7 @@ def test_second_run_reuses_the_classification_recheck_and_new_inputs_redo_it(tre
 def test_dry_run_takes_the_tree_from_the_cache(trees, tmp_path):
     """The dry run's registry trees are the cached ones (nothing unpacked again), byte for byte
     the tree a real rebase commits (up.build_registry)."""
-    lock = up.target_lock(Lock.parse((ROOT / "upstream.lock").read_text(), "lock"), WHEEL, "wheel", ls_remote=False)
+    lock = target.target_lock(Lock.parse((ROOT / "upstream.lock").read_text(), "lock"), WHEEL, "wheel", ls_remote=False)
     g = Git(tmp_path / "scratch")
     g.workdir.mkdir()
     g.run("init", "-q", "--bare")
@@ -236,7 +238,7 @@ def test_hostile_index_entries_are_ignored_and_nothing_leaves_the_cache(tmp_path
 
 
 # --------------------------------------------------------------------------------------
-# dependencies newer than the pins (sglpatch.depwatch, deps/newer.toml)
+# dependencies newer than the pins (sglpatch.watch.depwatch, deps/newer.toml)
 
 
 def _fake_flashinfer(path, comm_init: str, tuning: str):
@@ -254,7 +256,7 @@ def test_depwatch_reports_what_the_newer_wheel_drops_of_what_the_tree_uses(tmp_p
     """Two small wheels (real zips, read with ast) and a real git tree that imports from them: a
     name the tree uses and the newer wheel lacks is reported with file:line (series-marked when a
     series file uses it), dropped exports and a changed constant with the table's note."""
-    from sglpatch import depwatch
+    from sglpatch.watch import depwatch
 
     monkeypatch.setenv("SGLPATCH_CACHE", str(tmp_path / "cache"))  # the facts cache outlives runs; this tree's id does not change
     old = _fake_flashinfer(tmp_path / "old.whl", (
@@ -297,7 +299,7 @@ def test_depwatch_flashinfer_072_to_074_on_the_real_0523_tree(trees):
     the real 0.5.23 tree: the PCIe-IPC tune-cache version goes 4 -> 5; gen_/get_pcie_ipc_comm_module
     leave flashinfer.comm's exports (0.5.23 imports neither); MoeAlltoAll, which 0.5.23's flashinfer
     MoE dispatcher imports, is gone."""
-    from sglpatch import depwatch
+    from sglpatch.watch import depwatch
 
     cg, tree, _ = trees[NEWEST]
     cfg = depwatch.load(ROOT)["flashinfer-python"]

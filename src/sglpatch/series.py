@@ -43,7 +43,7 @@ KNOWN_DEP3 = (
     "Acked-by",
     "Last-Update",
     "Applied-Upstream",
-    "X-Superseded-By",  # sglpatch: how to recognise upstream's replacement (sglpatch.supersede)
+    "X-Superseded-By",  # sglpatch: how to recognise upstream's replacement (sglpatch.watch.supersede)
 )
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+/-]*$")
 
@@ -85,7 +85,7 @@ class Series:
             parts = body.split()
             name, opts = parts[0], parts[1:]
             where = f"{origin}:{lineno}"
-            _check_name(name, where)
+            check_name(name, where)
             strip = 1
             for opt in opts:
                 m = re.fullmatch(r"-p([01])", opt)
@@ -109,7 +109,7 @@ class Series:
         return "\n".join(out) + "\n" if out else ""
 
 
-def _check_name(name: str, where: str) -> None:
+def check_name(name: str, where: str) -> None:
     if name.startswith("-"):
         raise SeriesError(f"{where}: patch name {name!r} looks like an option")
     try:

@@ -152,7 +152,7 @@ def registry_commit(git: Git, lock: Lock, python: str | None = None) -> str:
     commit = tree_commit(cg, lock.artifact_kind, path, lock.sdist_sha256, lock.sdist_subdir)
     rc, text, _ = cg.run("cat-file", "blob", f"{commit}:{lock.sdist_subdir}/sglang/_version.py", check=False, strip=False)
     recorded = artifacts._version_py_commit(text) if rc == 0 else ""
-    if recorded and lock.commit != UNKNOWN_COMMIT and not up._commits_match(recorded, lock.commit):
+    if recorded and lock.commit != UNKNOWN_COMMIT and not up.commits_match(recorded, lock.commit):
         raise LockError(
             f"upstream.lock: field upstream.commit ({lock.commit}) does not match the {lock.artifact_kind}'s _version.py commit ({recorded})"
         )

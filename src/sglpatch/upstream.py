@@ -11,7 +11,8 @@ Three sources, all verified against every field of upstream.lock:
 * ``git``: a clone cache of the upstream URL (``git fetch`` of the tag, here); the tag must
   resolve to the locked commit.
 
-The commit is built with a temporary index, so the user's checkout is never touched here.
+The commit is built with a temporary index, so the user's checkout is never touched here. The
+pin a rebase moves to (``--onto``: which release, its lock) is ``sglpatch.rebase.target``'s.
 """
 
 from __future__ import annotations
@@ -24,7 +25,6 @@ import tempfile
 import time
 from pathlib import Path
 
-from sglpatch import exitcodes
 from sglpatch.errors import SglpatchError, say
 from sglpatch.fsutil import crashpoint, no_link, tmp_prefix
 from sglpatch.gitcmd import Git, last_line, validate_ref, validate_url
@@ -105,7 +105,8 @@ def _commit_tree(git: Git, tree_root: Path, message: str) -> str:
     return git.commit_tree(tree, message)
 
 
-def _commits_match(a: str, b: str) -> bool:
+def commits_match(a: str, b: str) -> bool:
+    """Whether two commit ids (either may be abbreviated) name the same commit."""
     return bool(a) and bool(b) and (a.startswith(b) or b.startswith(a))
 
 
@@ -124,7 +125,7 @@ def build_from_sdist(git: Git, lock: Lock, python: str | None = None) -> str:
             raise SglpatchError(
                 f"cannot extract {tarball.name} into {git.workdir}: {e.strerror}; free space there and re-run"
             ) from None
-        if sdist_commit and not _commits_match(sdist_commit, lock.commit):
+        if sdist_commit and not commits_match(sdist_commit, lock.commit):
             raise LockError(
                 f"upstream.lock: field upstream.commit ({lock.commit}) does not match the sdist's _version.py commit ({sdist_commit})"
             )
@@ -150,7 +151,7 @@ def build_from_wheel(git: Git, lock: Lock, python: str | None = None) -> str:
         except OSError as e:
             raise SglpatchError(f"cannot extract {path.name} into {git.workdir}: {e.strerror}; free space there and re-run") from None
         recorded = artifacts.recorded_commit(path)
-        if recorded and lock.commit != UNKNOWN_COMMIT and not _commits_match(recorded, lock.commit):
+        if recorded and lock.commit != UNKNOWN_COMMIT and not commits_match(recorded, lock.commit):
             raise LockError(f"upstream.lock: field upstream.commit ({lock.commit}) does not match the wheel's _version.py commit ({recorded})")
         message = (
             f"{lock.name} {lock.version} from the registry wheel\n\n"
@@ -177,7 +178,7 @@ def build_from_git(git: Git, lock: Lock, url: str | None = None) -> str:
         Git(mirror).run("init", "--bare", "-q")
     mg = Git(mirror)
     have = mg.rev(f"refs/tags/{tag}")
-    if not have or not _commits_match(have, lock.commit):
+    if not have or not commits_match(have, lock.commit):
         say(f"fetching {tag} from {url}")
         rc, _, err = mg.run(
             # --depth=1: the pinned tree is all we need, not SGLang's whole history (minutes, GBs)
@@ -187,7 +188,7 @@ def build_from_git(git: Git, lock: Lock, url: str | None = None) -> str:
         if rc != 0:
             raise SglpatchError(f"cannot fetch {tag} from {url}: {last_line(err, 'git fetch failed')}; try --source sdist")
     commit = mg.rev(f"refs/tags/{tag}")
-    if not commit or not _commits_match(commit, lock.commit):
+    if not commit or not commits_match(commit, lock.commit):
         raise LockError(f"upstream.lock: field upstream.commit ({lock.commit}) does not match tag {tag} at {url} ({commit})")
     git.run("fetch", "--no-tags", "--depth=1", "-q", f"file://{mirror}", f"refs/tags/{tag}")
     got = git.rev("FETCH_HEAD")
@@ -280,156 +281,8 @@ def resolve_commit(project: Path) -> str:
     full = refs.get(f"refs/tags/{tag}^{{}}") or refs.get(f"refs/tags/{tag}")
     if not full:
         raise SglpatchError(f"{url} has no tag {tag}")
-    if not _commits_match(full, lock.commit):
+    if not commits_match(full, lock.commit):
         raise LockError(f"upstream.lock: field upstream.commit ({lock.commit}) does not match {tag} at {url} ({full})")
     lock.commit = full
     write_lock(project, lock)
     return f"upstream.commit = {full}"
-
-
-# --------------------------------------------------------------------------------------
-# a new pin for `sglpatch rebase --onto VERSION|TAG|COMMIT` (added for rebase)
-
-_ONTO_VERSION_RE = re.compile(r"^v?([0-9]+(\.[0-9]+)*((a|b|rc|\.post|\.dev)[0-9]+)*)$")
-_ONTO_SHA_RE = re.compile(r"^[0-9a-f]{7,40}$")
-
-
-def _ls_remote_tags(url: str, timeout: float = 20.0) -> dict[str, str] | None:
-    """tag -> peeled commit id at url, or None when the URL does not answer."""
-    url = validate_url(url)
-    with tempfile.TemporaryDirectory() as tmp:
-        try:
-            rc, out, _ = Git(tmp).run("ls-remote", "--tags", "--end-of-options", url, check=False, network=True, timeout=timeout)
-        except Exception:  # GitPython raises on kill_after_timeout
-            return None
-    if rc != 0:
-        return None
-    tags: dict[str, str] = {}
-    for line in out.splitlines():
-        if "\t" not in line:
-            continue
-        sha, ref = line.split("\t", 1)
-        if not ref.startswith("refs/tags/"):
-            continue
-        name = ref[len("refs/tags/") :]
-        if name.endswith("^{}"):
-            tags[name[:-3]] = sha
-        else:
-            tags.setdefault(name, sha)
-    return tags
-
-
-def sdist_commit(tarball: Path) -> str:
-    """The commit id the sdist's sglang/_version.py records ('' when it records none)."""
-    return artifacts.recorded_commit(tarball)
-
-
-def choose_source(url: str, tag: str, name: str, version: str, timeout: float = 8.0) -> tuple[str, str]:
-    """--source auto: git when the URL answers, else the registry sdist, else the wheel; (source, why)."""
-    ok, why = source_reachable(url, tag, timeout=timeout)
-    if ok:
-        return "git", why
-    offered = artifacts.kinds_offered(name, version)
-    if "sdist" in offered:
-        return "sdist", f"{why}; the registry has the sdist of {version}"
-    if "wheel" in offered:
-        return "wheel", f"{why}; the registry has no sdist of {version}, only wheels"
-    raise no_release(name, version, f"{why}, and the registry offers neither an sdist nor a usable wheel of {name} {version}")
-
-
-def no_release(name: str, version: str, what: str, each_side: int = 2) -> SglpatchError:
-    """what, and when version is not a release the index knows, the releases nearest to it (a
-    usage error: the version asked for is wrong)."""
-    from packaging.version import InvalidVersion, Version
-
-    try:
-        known, v = artifacts.releases(name), Version(version)
-    except (InvalidVersion, SglpatchError):
-        return SglpatchError(what)
-    if version in known:
-        return SglpatchError(what)
-    below = [r for r in known if Version(r) < v][-each_side:]
-    above = [r for r in known if Version(r) > v][:each_side]
-    if not (below or above):
-        return SglpatchError(what, exitcodes.USAGE)
-    newest = f" ({below[-1]} is the newest)" if not above else ""
-    return SglpatchError(f"{name} {version} is not a release on the index; the nearest: {', '.join(below + above)}{newest}", exitcodes.USAGE)
-
-
-def target_lock(
-    current: Lock,
-    onto: str,
-    source: str,
-    recorded: dict[str, str] | None = None,
-    commit: str | None = None,
-    python: str | None = None,
-    url: str | None = None,
-    ls_remote: bool = True,
-) -> Lock:
-    """The Lock for a rebase target, every field filled and checked.
-
-    onto: a registry version (0.5.10.post1), a release tag (v0.5.10.post1) or, with the git
-    source, a commit id that a release tag points at. The registry artifact is the sdist when
-    the index has one, else the wheel (source "wheel" asks for the wheel); its sha256 is the
-    one the index publishes (a recorded one in resolutions/<version>/target.toml must agree)
-    and the file is verified against it. The commit comes from the recorded pin, --commit, the
-    artifact's _version.py or `git ls-remote` of the tag; when none says it (every release
-    from 0.5.10 on records none) the lock says commit = "unknown".
-    """
-    onto = onto.strip()
-    m = _ONTO_VERSION_RE.match(onto)
-    if m:
-        version = m.group(1)
-        tag = onto if onto.startswith("v") else f"v{version}"
-    elif _ONTO_SHA_RE.match(onto):
-        if source != "git":
-            raise SglpatchError(f"--onto {onto}: a commit id needs --source git (the registry knows versions, not commits)")
-        tags = _ls_remote_tags(url or current.url)
-        if tags is None:
-            raise SglpatchError(f"--onto {onto}: cannot list the tags of {url or current.url}; pass the release tag or version instead")
-        hits = sorted(t for t, sha in tags.items() if sha.startswith(onto) and _ONTO_VERSION_RE.match(t))
-        if not hits:
-            raise SglpatchError(f"--onto {onto}: no release tag points at this commit; upstream.lock pins releases (tag + artifact)")
-        tag = hits[0]
-        version = _ONTO_VERSION_RE.match(tag).group(1)
-    else:
-        raise SglpatchError(f"--onto {onto!r}: expected a version (0.5.10.post1), a tag (v0.5.10.post1) or a commit id")
-    recorded = recorded or {}
-    if recorded.get("version", version) != version:
-        raise SglpatchError(f"recorded target pin is for version {recorded['version']}, not {version}")
-    tag = recorded.get("tag", tag)
-    kinds = artifacts.kinds_offered(current.name, version)
-    if not kinds:
-        raise no_release(current.name, version, f"the registry offers no sdist and no usable wheel of {current.name} {version}")
-    kind = "wheel" if source == "wheel" or "sdist" not in kinds else "sdist"
-    if kind not in kinds:
-        raise SglpatchError(f"the registry offers no {kind} of {current.name} {version} (it has: {', '.join(kinds)})")
-    art = artifacts.choose(current.name, version, kind)
-    if recorded.get("sdist_sha256") and kind == "sdist" and recorded["sdist_sha256"] != art.sha256:
-        raise LockError(f"{art.filename}: the recorded sha256 {recorded['sdist_sha256']} is not the one the index publishes ({art.sha256})")
-    lock = Lock(
-        name=current.name, url=url or current.url, tag=validate_ref(tag, "tag"), commit=UNKNOWN_COMMIT, version=version,
-        sdist_filename=art.filename, sdist_sha256=art.sha256, sdist_subdir=current.sdist_subdir,
-    )
-    in_artifact = ""
-    if source != "git":
-        _, path = artifacts.fetch(lock.name, version, kind, python)  # verified against the index
-        in_artifact = artifacts.recorded_commit(path)
-    candidates = [("recorded target pin", recorded.get("commit")), ("--commit", commit), (f"the {kind}'s _version.py", in_artifact)]
-    chosen = next(((why, c) for why, c in candidates if c), None)
-    if chosen is None and (ls_remote or source == "git"):
-        tags = _ls_remote_tags(lock.url)
-        if tags and tags.get(tag):
-            chosen = (f"git ls-remote {lock.url}", tags[tag])
-    if chosen is None:
-        if source == "git":
-            raise SglpatchError(f"cannot tell which commit {tag} is and {lock.url} does not answer; use --source sdist or wheel")
-        say(f"{tag}: the {kind} records no commit and {lock.url} does not answer: upstream.commit = {UNKNOWN_COMMIT!r}")
-        lock.validate(f"target {version}")
-        return lock
-    for why, c in candidates:
-        if c and not _commits_match(c, chosen[1]):
-            raise LockError(f"upstream.commit: {why} says {c} but {chosen[0]} says {chosen[1]}")
-    lock.commit = chosen[1]
-    lock.validate(f"target {version}")
-    return lock

@@ -39,19 +39,23 @@ and files and the project's files exactly. Only the finishing step writes the pr
 patches/ + series (export), upstream.lock, CHANGELOG.md, the report under
 ``rebase-reports/`` (outcomes and per-patch ``git range-diff``).
 
-Modules, in the order a rebase uses them: ``common`` (constants, errors, outcomes), ``merge``
-(git helpers: fixed commits, 3-way), ``upstreamed`` (is the change already there?),
-``resolutions`` (recorded, conflict-keyed), ``classify`` (the engine, the dry run), ``session``
-(a real rebase: stop, continue, abort, finish).
+Modules, in the order a rebase uses them: ``outcome`` (the words: a patch's status and action,
+the Outcome and its table; errors, exit codes, names), ``target`` (the ``--onto`` pin), ``merge``
+(git helpers: fixed commits, 3-way), ``mergecheck`` (is a clean merge working?), ``upstreamed``
+(is the change already there?), ``resolutions`` (recorded, conflict-keyed), ``plan`` (the plan and
+preparing it: old stack, target, new upstream), ``classify`` (the engine, the dry run), ``state``
+(a real rebase's state folder), ``session`` (a real rebase: stop, continue, abort, finish).
 """
 
 from sglpatch.rebase.classify import DryRunResult, classify, dry_run
-from sglpatch.rebase.common import EXIT_HUMAN, EXIT_NOTHING, EXIT_UNATTENDED, RESOLUTIONS_DIR, Outcome, RebaseError, RebaseStopped
+from sglpatch.rebase.outcome import (
+    EXIT_HUMAN, EXIT_NOTHING, EXIT_UNATTENDED, RESOLUTIONS_DIR, Action, Outcome, RebaseError, RebaseStopped, Status,
+)
 from sglpatch.rebase.resolutions import Recorded, conflict_key, read_resolutions, resolutions_dir, write_resolutions
 from sglpatch.rebase.session import abort, continue_, start
 
 __all__ = [
-    "EXIT_HUMAN", "EXIT_NOTHING", "EXIT_UNATTENDED", "RESOLUTIONS_DIR", "DryRunResult", "Outcome", "RebaseError",
-    "RebaseStopped", "Recorded", "abort", "classify", "conflict_key", "continue_", "dry_run", "read_resolutions",
+    "EXIT_HUMAN", "EXIT_NOTHING", "EXIT_UNATTENDED", "RESOLUTIONS_DIR", "Action", "DryRunResult", "Outcome", "RebaseError",
+    "RebaseStopped", "Recorded", "Status", "abort", "classify", "conflict_key", "continue_", "dry_run", "read_resolutions",
     "resolutions_dir", "start", "write_resolutions",
 ]

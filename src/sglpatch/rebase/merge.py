@@ -5,7 +5,7 @@ from __future__ import annotations
 from sglpatch import upstream as up
 from sglpatch.gitcmd import Git, last_line
 from sglpatch.series import PatchFile, hunks_by_path, parse_patch
-from sglpatch.rebase.common import RebaseError
+from sglpatch.rebase.outcome import RebaseError
 
 
 # --------------------------------------------------------------------------------------
@@ -25,7 +25,7 @@ _FIXED: dict[tuple, str] = {}
 _LIKE: dict[tuple, tuple[str, str, str, str]] = {}  # (repository, commit) -> author name, email, date, message
 
 
-def _commit_like(git: Git, tree: str, parent: str, like: str) -> str:
+def commit_like(git: Git, tree: str, parent: str, like: str) -> str:
     """A commit of tree on parent with the message and author of commit `like` (as git am would)."""
     key = (str(git.workdir), like)
     if key not in _LIKE:
@@ -41,7 +41,7 @@ def _commit_like(git: Git, tree: str, parent: str, like: str) -> str:
     return git.commit_tree(tree, message, [parent], env=env)
 
 
-def _three_way(git: Git, head: str, old_parent: str, old_commit: str) -> tuple[bool, str, list[str]]:
+def three_way(git: Git, head: str, old_parent: str, old_commit: str) -> tuple[bool, str, list[str]]:
     """3-way merge of old_parent..old_commit onto head, off to the side (no worktree, no refs).
 
     Synthetic commits give `git merge-tree --write-tree` the old parent as merge base
@@ -64,7 +64,7 @@ def _three_way(git: Git, head: str, old_parent: str, old_commit: str) -> tuple[b
     return rc == 0, tree, files
 
 
-def _new_sides_present(git: Git, head: str, patch: PatchFile, strip: int) -> bool:
+def new_sides_present(git: Git, head: str, patch: PatchFile, strip: int) -> bool:
     """Whether every hunk's new side (context and added lines) is somewhere in head's file:
     without that, the patch cannot reverse-apply (git apply takes no fuzz), and git need not
     be asked."""
@@ -83,7 +83,7 @@ def _new_sides_present(git: Git, head: str, patch: PatchFile, strip: int) -> boo
     return True
 
 
-def _reverse_applies(git: Git, head: str, data: bytes, strip: int) -> bool:
+def reverse_applies(git: Git, head: str, data: bytes, strip: int) -> bool:
     with git.temp_index(head, scratch=up.scratch_dir(git), prefix="rb") as (env, tmp):
         pf = tmp / "patch"
         pf.write_bytes(data)
@@ -91,7 +91,7 @@ def _reverse_applies(git: Git, head: str, data: bytes, strip: int) -> bool:
         return rc == 0
 
 
-def _conflict_regions(git: Git, tree: str, path: str) -> list[str]:
+def conflict_regions(git: Git, tree: str, path: str) -> list[str]:
     text = git.blob_text(tree, path)
     if text is None:
         return [f"{path}: deleted on one side, changed on the other"]
@@ -105,7 +105,7 @@ def _conflict_regions(git: Git, tree: str, path: str) -> list[str]:
     return regions
 
 
-def _failing_hunks(git: Git, head: str, patch: PatchFile, strip: int) -> list[str]:
+def failing_hunks(git: Git, head: str, patch: PatchFile, strip: int) -> list[str]:
     """Hunks of the patch whose old lines are nowhere in the new tree."""
     out = []
     for path, hunks in hunks_by_path(patch, strip).items():

@@ -12,7 +12,8 @@ from sglpatch import toml
 from sglpatch.errors import SglpatchError, say
 from sglpatch.fsutil import inside, write_if_changed
 from sglpatch.gitcmd import Git
-from sglpatch.rebase.common import Outcome, RESOLUTIONS_DIR, RebaseError
+from sglpatch.series import check_name
+from sglpatch.rebase.outcome import Outcome, RESOLUTIONS_DIR, RebaseError
 
 
 # --------------------------------------------------------------------------------------
@@ -55,10 +56,8 @@ def _toml(project: Path, f: Path) -> dict:
 
 def _name(f: Path, name: str) -> str:
     """A patch name as the series allows it (no '..', not absolute, no odd characters)."""
-    from sglpatch.series import _check_name
-
     try:
-        _check_name(name, f"{f}: [patch.{json.dumps(name)}]")
+        check_name(name, f"{f}: [patch.{json.dumps(name)}]")
     except SglpatchError as e:
         raise RebaseError(str(e)) from None
     return name
@@ -149,7 +148,7 @@ def conflict_key(git: Git, tree: str, files: list[str]) -> str:
     return h.hexdigest()
 
 
-def _rerere(project: Path, name: str, key: str, sha: str, o: Outcome) -> Recorded | None:
+def rerere(project: Path, name: str, key: str, sha: str, o: Outcome) -> Recorded | None:
     """A recorded resolution of this patch for the same conflict, from any release's folder."""
     root = project / RESOLUTIONS_DIR
     other = None

@@ -17,10 +17,13 @@ from sglpatch.fsutil import crashpoint, exclusive, journal, tmp_prefix, write_if
 from sglpatch.gitcmd import Git
 from sglpatch.lock import Lock, write_lock
 from sglpatch.series import PATCH_DIR
-from sglpatch.rebase.common import CHANGELOG, Outcome, REF_PREFIX, REPORTS_DIR, RESOLUTIONS_DIR, RebaseError, RebaseStopped, _table
-from sglpatch.rebase.merge import _commit_like
+from sglpatch.rebase.outcome import (
+    CHANGELOG, DROPPED, REF_PREFIX, REPORTS_DIR, RESOLUTIONS_DIR, Action, Outcome, RebaseError, RebaseStopped, table,
+)
+from sglpatch.rebase.merge import commit_like
 from sglpatch.rebase.resolutions import Recorded, read_resolutions, write_resolutions
-from sglpatch.rebase.classify import Plan, _in_sync_stack, _prepare, _run_steps
+from sglpatch.rebase.classify import run_steps
+from sglpatch.rebase.plan import Plan, in_sync_stack, prepare
 from sglpatch.rebase import state
 
 
@@ -28,22 +31,10 @@ from sglpatch.rebase import state
 # real rebase: state, stop, continue, abort, finish
 
 
-def _state_dir(git: Git) -> Path:
-    return state.state_dir(git)
-
-
-def _save(git: Git, plan: Plan) -> None:
-    state.save(git, plan)
-
-
-def _load(git: Git) -> Plan:
-    return state.load(git)
-
-
 def _in_progress(git: Git) -> str:
     """The one line for a new rebase while state.json exists: what happened, what to run."""
     wd = git.workdir
-    plan = _load(git)
+    plan = state.load(git)
     if plan.stopped:
         i = plan.stopped["index"]
         return (
@@ -66,7 +57,7 @@ def start(
     project_root = Path(project_root).resolve()
     project = stack.Project.load(project_root)
     git = stack.open_workdir(Path(workdir), create=False)
-    saved = _state_dir(git) / "state.json"
+    saved = state.state_dir(git) / "state.json"
     if saved.is_file():
         raise RebaseError(_in_progress(git))
     # the whole rebase, its finishing step included, holds DIR's lock: an --abort or an export
@@ -74,22 +65,22 @@ def start(
     with exclusive(stack._lockfile(git), str(git.workdir)):
         if saved.is_file():
             raise RebaseError(_in_progress(git))
-        if _state_dir(git).exists():  # a rebase killed before it saved state.json: it had changed nothing yet
-            say(f"removing {_state_dir(git)} left by a killed rebase (no state saved in it: nothing to resume)")
-            shutil.rmtree(_state_dir(git))
+        if state.state_dir(git).exists():  # a rebase killed before it saved state.json: it had changed nothing yet
+            say(f"removing {state.state_dir(git)} left by a killed rebase (no state saved in it: nothing to resume)")
+            shutil.rmtree(state.state_dir(git))
         up.clear_scratch(git)  # left by a killed run
         state.check_project(project_root, [".", PATCH_DIR, REPORTS_DIR])  # before anything: a read-only project
         dirty = git.dirty_files()
         if dirty:
             raise RebaseError(f"{git.workdir} has uncommitted changes ({', '.join(dirty[:3])}); commit and `sglpatch export`, or stash them")
-        in_sync = _in_sync_stack(git, project)
+        in_sync = in_sync_stack(git, project)
         if in_sync is None:
             raise RebaseError(
                 f"{git.workdir} does not hold the project's series on its pin (unexported commits, or not applied); "
                 "run `sglpatch export` or `sglpatch apply` first, then rebase"
             )
         branch = git.current_branch()
-        plan = _prepare(git, project_root, onto, source, commit, url, in_sync)
+        plan = prepare(git, project_root, onto, source, commit, url, in_sync)
         crashpoint("rebase:upstream")
         plan.orig = {
             "branch": branch,
@@ -100,12 +91,12 @@ def start(
         }
         new_lock = Lock.parse(plan.new_lock, "target")
         state.check_project(project_root, _project_dirs(plan, project.lock, new_lock))
-        _state_dir(git).mkdir(parents=True, exist_ok=True)
+        state.state_dir(git).mkdir(parents=True, exist_ok=True)
         state.snapshot(git, project_root, new_lock.version, _report_name(project.lock, new_lock))
         state.save_orig(git, plan.orig, project_root)
         git.update_ref(f"{REF_PREFIX}/onto", plan.onto, message="sglpatch rebase: new upstream")
         crashpoint("rebase:snapshot")
-        _save(git, plan)  # from here on a rebase is in progress: --continue / --abort
+        state.save(git, plan)  # from here on a rebase is in progress: --continue / --abort
         crashpoint("rebase:saved")
         _drive(git, plan)
         return _finish(git, plan)
@@ -118,11 +109,11 @@ def _project_dirs(plan: Plan, old_lock: Lock, new_lock: Lock) -> list[str]:
 
 
 def _drive(git: Git, plan: Plan) -> list[str]:
-    outcomes = _run_steps(git, plan, dry_run=False)
+    outcomes = run_steps(git, plan, dry_run=False)
     git.update_ref(f"{REF_PREFIX}/head", plan.head, message="sglpatch rebase: progress")
-    _save(git, plan)
+    state.save(git, plan)
     crashpoint("rebase:progress")
-    if outcomes and outcomes[-1].action == "stop" and plan.next < len(plan.names):
+    if outcomes and outcomes[-1].action == Action.STOP and plan.next < len(plan.names):
         _stop(git, plan, outcomes[-1])  # raises RebaseStopped
     return []
 
@@ -139,10 +130,10 @@ def _stop(git: Git, plan: Plan, o: Outcome) -> list[str]:
     unmerged = sorted(set(line.split("\t", 1)[1] for line in git.run("ls-files", "-u").splitlines() if "\t" in line))
     crashpoint("rebase:stop:applied")
     plan.stopped = {"index": i, "files": unmerged or o.files, "outcome": asdict(o)}
-    _save(git, plan)
+    state.save(git, plan)
     crashpoint("rebase:stop:saved")
     wd = git.workdir
-    lines = _table([Outcome(**d) for d in plan.outcomes] + [o])
+    lines = table([Outcome(**d) for d in plan.outcomes] + [o])
     lines += [
         "",
         f"rebase stopped at patch {i + 1}/{len(plan.names)}: {o.name} ({o.subject})",
@@ -159,9 +150,9 @@ def _stop(git: Git, plan: Plan, o: Outcome) -> list[str]:
 
 def continue_(workdir: Path, skip: bool = False) -> list[str]:
     git = stack.open_workdir(Path(workdir), create=False)
-    _load(git)  # the one-line answer when there is nothing to continue (or its state is damaged)
+    state.load(git)  # the one-line answer when there is nothing to continue (or its state is damaged)
     with exclusive(stack._lockfile(git), str(git.workdir)):
-        plan = _load(git)  # again, under the lock: an --abort may have ended it meanwhile
+        plan = state.load(git)  # again, under the lock: an --abort may have ended it meanwhile
         if not plan.stopped:  # the process was killed before it stopped or finished: resume
             if git.current_branch() is None and git.head_commit() == plan.head:
                 # killed inside the stop: the half-applied patch there is ours, the stop redoes it
@@ -178,7 +169,7 @@ def _resolved(git: Git, plan: Plan, skip: bool) -> None:
     o = Outcome(**plan.stopped["outcome"])
     if skip:
         git.run("reset", "-q", "--hard", plan.head)
-        o.action, o.how = "skip", "dropped by hand (--skip)"
+        o.action, o.how = Action.SKIP, "dropped by hand (--skip)"
         plan.hand[o.name] = "drop"
     else:
         touched = sorted(set(plan.stopped["files"]) | set(git.dirty_files()))
@@ -197,26 +188,26 @@ def _resolved(git: Git, plan: Plan, skip: bool) -> None:
             raise RebaseError(f"conflict markers are still in {', '.join(left)}; resolve them, then --continue again")
         tree = git.run("write-tree")
         if tree == git.tree_of(plan.head):
-            o.action, o.how = "skip", "the resolution left no change: dropped"
+            o.action, o.how = Action.SKIP, "the resolution left no change: dropped"
             plan.hand[o.name] = "drop"
         else:
-            new = _commit_like(git, tree, plan.head, plan.old_commits[i])
+            new = commit_like(git, tree, plan.head, plan.old_commits[i])
             git.run("update-ref", "--no-deref", "-m", "sglpatch rebase: resolved", "HEAD", new)
             plan.head = new
-            o.action, o.how, o.new_commit = "hand", "resolved by hand", new
+            o.action, o.how, o.new_commit = Action.HAND, "resolved by hand", new
             plan.hand[o.name] = "replace"
     plan.outcomes.append(asdict(o))
     plan.next = i + 1
     plan.stopped = {}
-    _save(git, plan)
+    state.save(git, plan)
     _drive(git, plan)
 
 
 def abort(workdir: Path) -> list[str]:
     git = stack.open_workdir(Path(workdir), create=False)
     with exclusive(stack._lockfile(git), str(git.workdir)):
-        if not (_state_dir(git) / "state.json").exists():
-            _load(git)  # says why there is nothing to abort
+        if not (state.state_dir(git) / "state.json").exists():
+            state.load(git)  # says why there is nothing to abort
         orig, project = state.load_orig(git)  # also when state.json is damaged
         # files first (HEAD may be detached at the new stack), then refs, then HEAD
         git.run("reset", "-q", "--hard", orig["head"])
@@ -230,7 +221,7 @@ def abort(workdir: Path) -> list[str]:
         for ref in ("onto", "head"):
             git.run("update-ref", "-d", f"{REF_PREFIX}/{ref}", check=False)
         kept = state.restore(git, project)
-        shutil.rmtree(_state_dir(git))
+        shutil.rmtree(state.state_dir(git))
     lines = [f"rebase aborted: {git.workdir} and {project} are back as they were"]
     if kept:
         lines.append(f"kept what you changed in {project} during the rebase (the rebase did not write it): " + ", ".join(kept))
@@ -267,14 +258,14 @@ def _changelog_section(old: Lock, new: Lock, source: str, outcomes: list[Outcome
         + (" The release records no commit and GitHub did not answer: the pin says commit = unknown." if new.commit == "unknown" else ""),
     ]
     for o in outcomes:
-        if o.action in ("drop", "recorded-drop", "skip"):
+        if o.action in DROPPED:
             pr = f" Upstream: {o.hint}." if o.hint else ""
             lines.append(f"- `{o.name}` ({o.subject}): {o.status}; dropped from the series. {o.how}.{pr}")
-        elif o.action == "recorded":
+        elif o.action == Action.RECORDED:
             lines.append(f"- `{o.name}` ({o.subject}): {o.status}; resolved with the {o.how}.")
-        elif o.action == "hand":
+        elif o.action == Action.HAND:
             lines.append(f"- `{o.name}` ({o.subject}): {o.status} in {', '.join(o.files)}; resolved by hand and recorded in {RESOLUTIONS_DIR}/{new.version}/.")
-        elif o.action == "refresh":
+        elif o.action == Action.REFRESH:
             lines.append(f"- `{o.name}` ({o.subject}): applied with a 3-way merge; refreshed.")
         else:
             lines.append(f"- `{o.name}` ({o.subject}): applies exactly; unchanged.")
@@ -335,9 +326,9 @@ def _finish_journaled(git: Git, plan: Plan) -> list[str]:
     # 2. report (before export, which deletes dropped patch files)
     report_dir = project_root / REPORTS_DIR / report_name
     rd = _range_diff(git, plan, new_base, new_head)
-    snap = _state_dir(git) / "project" / "files"
+    snap = state.state_dir(git) / "project" / "files"
     for o in outcomes:
-        if o.action in ("drop", "recorded-drop", "skip"):
+        if o.action in DROPPED:
             # from the snapshot: a killed earlier finish may have exported (removed) it already
             write_if_changed(report_dir / "dropped" / o.name, (snap / PATCH_DIR / o.name).read_bytes(), within=project_root)
     report = [
@@ -346,7 +337,7 @@ def _finish_journaled(git: Git, plan: Plan) -> list[str]:
         f"source: {plan.source}; new upstream commit in the workdir {new_base}; new patched {new_head}",
         "",
         "```",
-        *_table(outcomes),
+        *table(outcomes),
         "```",
         "",
         "## Per-patch range-diff (old stack vs new stack)",
@@ -387,7 +378,7 @@ def _finish_project(git, plan, outcomes, old_lock, new_lock, new_base, report_di
     write_lock(project_root, new_lock)
     crashpoint("rebase:finish:lock")
     rel = str(report_dir.relative_to(project_root)) + "/report.md"
-    before = _state_dir(git) / "project" / "files" / CHANGELOG
+    before = state.state_dir(git) / "project" / "files" / CHANGELOG
     _insert_changelog(
         project_root,
         _changelog_section(old_lock, new_lock, plan.source, outcomes, rel),
@@ -398,9 +389,9 @@ def _finish_project(git, plan, outcomes, old_lock, new_lock, new_base, report_di
     crashpoint("rebase:finish:recorded")
     for ref in ("onto", "head"):
         git.run("update-ref", "-d", f"{REF_PREFIX}/{ref}", check=False)
-    (_state_dir(git) / "state.json").unlink()  # first: a kill in the rmtree leaves nothing to resume
-    shutil.rmtree(_state_dir(git))
-    lines = [f"rebased onto {new_lock.describe()}"] + _table(outcomes)
+    (state.state_dir(git) / "state.json").unlink()  # first: a kill in the rmtree leaves nothing to resume
+    shutil.rmtree(state.state_dir(git))
+    lines = [f"rebased onto {new_lock.describe()}"] + table(outcomes)
     lines.append(f"exported: {len(res.written)} written, {len(res.unchanged)} unchanged, {len(res.removed)} removed")
     lines.append(f"report: {rel}; CHANGELOG.md and upstream.lock updated (commit them)")
     return lines

@@ -3,7 +3,7 @@ project were before (orig.json), the project's files before (project/), and the 
 the finishing step wrote in the project (written.json), which is what --abort undoes.
 
     state.json     the Plan, saved after every step (--continue goes on from it); its "format"
-                   (classify.PLAN_FORMAT, now 1) must be this sglpatch's, else it is refused
+                   (plan.PLAN_FORMAT, now 1) must be this sglpatch's, else it is refused
     orig.json      DIR's branch, HEAD, upstream, patched, applied record, and the project path
     project/       manifest.json + files/: the project files the rebase may write, as they were
     written.json   {path: sha256 written | null (removed)}, each entry recorded before the write
@@ -21,8 +21,8 @@ from pathlib import Path
 
 from sglpatch.fsutil import inside, no_link, read_journal, write_if_changed
 from sglpatch.gitcmd import Git
-from sglpatch.rebase.classify import PLAN_FORMAT, Plan
-from sglpatch.rebase.common import CHANGELOG, REPORTS_DIR, RESOLUTIONS_DIR, RebaseError, STATE_DIR
+from sglpatch.rebase.plan import PLAN_FORMAT, Plan
+from sglpatch.rebase.outcome import CHANGELOG, REPORTS_DIR, RESOLUTIONS_DIR, RebaseError, STATE_DIR
 from sglpatch.series import PATCH_DIR, SERIES_NAME
 
 _TYPES = {"str": str, "int": int, "list": list, "dict": dict}

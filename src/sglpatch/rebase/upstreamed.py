@@ -9,7 +9,7 @@ import sys
 
 from sglpatch.gitcmd import Git
 from sglpatch.series import Entry, PatchFile
-from sglpatch.rebase.merge import _new_sides_present, _reverse_applies
+from sglpatch.rebase.merge import new_sides_present, reverse_applies
 
 
 # --------------------------------------------------------------------------------------
@@ -365,9 +365,9 @@ def _oid(git: Git, commit: str, path: str) -> str | None:
 _DEFS_MEMO: dict[tuple, tuple[bool, str]] = {}
 
 
-def _upstream_evidence(git: Git, head: str, old_parent: str, old_commit: str, entry: Entry, patch: PatchFile) -> str:
+def upstream_evidence(git: Git, head: str, old_parent: str, old_commit: str, entry: Entry, patch: PatchFile) -> str:
     """Why the change is already in head ('' when it is not)."""
-    if _new_sides_present(git, head, patch, entry.strip) and _reverse_applies(git, head, patch.data, entry.strip):
+    if new_sides_present(git, head, patch, entry.strip) and reverse_applies(git, head, patch.data, entry.strip):
         return "verified: the patch reverse-applies to the new upstream"
     ids = tuple((p, *(_oid(git, c, p) for c in (old_parent, old_commit, head))) for p in patch.files)
     if all(pre == new for _, pre, _, new in ids):

@@ -1,18 +1,12 @@
-"""`sglpatch watch`: the series against every upstream release after the pin.
-
-One row per release, one column per patch (the classification is rebase's own, see
-``rebase.classify``), plus the release's dependency pins next to the pinned release's and the
-newest release of each on the index; for the packages the series relies on (deps/newer.toml),
-what their newest release changes of what the newest watched release uses (sglpatch.depwatch).
-Trees are cached (``sglpatch.treecache``): each registry artifact is unpacked once into a
-cache git repository, so a second run only classifies. Output: a terminal table, and optionally JSON and markdown.
-Exit status: 3 when the newest release needs a human, else 0.
-"""
+"""The watch's matrix: one row per release after the pin, one cell per patch (the classification
+is rebase's own, ``rebase.classify``; "superseded" is the ``X-Superseded-By`` probe's, watch.supersede),
+each release's dependency pins, and the newest release of each pinned dependency with what it
+changes of what the release uses (watch.depwatch). Trees come from the tree cache
+(``sglpatch.treecache``); a release classified before with the same inputs is read back from its facts."""
 
 from __future__ import annotations
 
 import hashlib
-import json
 import multiprocessing
 import os
 import re
@@ -22,31 +16,22 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from sglpatch import artifacts, depwatch, exitcodes, rebase, stack, supersede, treecache
+from sglpatch import artifacts, rebase, stack, treecache
 from sglpatch import upstream as up
 from sglpatch.errors import SglpatchError, say
-from sglpatch.fsutil import private_tmpdir, write_if_changed
+from sglpatch.fsutil import private_tmpdir
 from sglpatch.gitcmd import Git
 from sglpatch.lock import UNKNOWN_COMMIT, Lock
+from sglpatch.rebase.outcome import Action, Status
+from sglpatch.watch import depwatch, supersede
 
-EXIT_OK = exitcodes.OK
-EXIT_HUMAN = exitcodes.HUMAN
 DEPS = ("torch", "flashinfer-python", "sgl-kernel", "sglang-kernel", "transformers")
-SHORT = {
-    "exact": "exact",
-    "3way": "3-way",
-    "3way-broken": "BROKEN",
-    "conflict": "CONFLICT",
-    "obsolete": "GONE",
-    "upstream": "upstream",
-    "recorded": "recorded",
-    "superseded": "superseded",
-}
+VERDICT = {"nothing": "nothing to do", "unattended": "rebase does it unattended", "human": "NEEDS A HUMAN"}
 
 
 @dataclass
 class Cell:
-    status: str  # exact | 3way | 3way-broken | conflict | obsolete | upstream | recorded | superseded
+    status: Status
     text: str  # the words the issue uses
     details: list[str] = field(default_factory=list)
     needs_human: bool = False
@@ -99,23 +84,23 @@ def pins(requires_dist: list[str], requires_python: str, version: str, name: str
 
 
 def _cell(o: rebase.Outcome, version: str) -> Cell:
-    if o.action == "recorded":
-        return Cell("recorded", f"resolved (recorded for {o.how.split('/')[1] if '/' in o.how else version})", [o.how])
+    if o.action == Action.RECORDED:
+        return Cell(Status.RECORDED, f"resolved (recorded for {o.how.split('/')[1] if '/' in o.how else version})", [o.how])
     details = list(o.hunks) or list(o.files)
-    if o.status == "exact":
-        return Cell("exact", "applies exactly")
-    if o.status == "3way":
-        return Cell("3way", "3-way clean")
-    if o.status == "3way-broken":
-        return Cell("3way-broken", o.how, details, True)
-    if o.status == "upstream":
-        return Cell("upstream", "already upstream", [o.how])
-    if o.status == "obsolete":
-        return Cell("obsolete", "target file gone", details, o.action == "stop")
+    if o.status == Status.EXACT:
+        return Cell(Status.EXACT, "applies exactly")
+    if o.status == Status.THREE_WAY:
+        return Cell(Status.THREE_WAY, "3-way clean")
+    if o.status == Status.BROKEN:
+        return Cell(Status.BROKEN, o.how, details, True)
+    if o.status == Status.UPSTREAM:
+        return Cell(Status.UPSTREAM, "already upstream", [o.how])
+    if o.status == Status.OBSOLETE:
+        return Cell(Status.OBSOLETE, "target file gone", details, o.action == Action.STOP)
     text = f"conflict ({', '.join(o.files)})"
     if o.note:
         details.append(o.note)
-    return Cell("conflict", text, details, o.action == "stop")
+    return Cell(Status.CONFLICT, text, details, o.action == Action.STOP)
 
 
 def newer_than_pins(project_root: Path, project: stack.Project, cg: Git, item: tuple, deps: dict[str, str]) -> tuple[dict, list[dict]]:
@@ -134,7 +119,7 @@ def newer_than_pins(project_root: Path, project: stack.Project, cg: Git, item: t
     relied = depwatch.series_files(project_root, project, item[0]) if table else set()
     for dist, cfg in table.items():
         spec = deps.get(dist)
-        pinned = supersede._pinned_version(spec, dist) if spec else None
+        pinned = supersede.pinned_version(spec, dist) if spec else None
         if not pinned or newest.get(dist, pinned) in (pinned, "?"):
             continue
         say(f"{dist} {newest[dist]} is newer than sglang {item[0]}'s {spec}: checking what it changes ({cfg['module']})")
@@ -180,12 +165,12 @@ def _classify(items: list[tuple]) -> list[Row]:
             cell = _cell(o, v)
             sup = supersede.probe(sg, onto, patch, deps)
             if sup and sup.holds:
-                cell = Cell("superseded", f"superseded by upstream: {sup.evidence}; {sup.switch}", [cell.text] + cell.details, False)
+                cell = Cell(Status.SUPERSEDED, f"superseded by upstream: {sup.evidence}; {sup.switch}", [cell.text] + cell.details, False)
             elif sup and sup.evidence:
                 cell.details.append(f"not superseded: {sup.evidence}")
             cells[o.name] = cell
         human = any(x.needs_human for x in cells.values())
-        verdict = "human" if human else ("nothing" if all(x.status == "exact" for x in cells.values()) else "unattended")
+        verdict = "human" if human else ("nothing" if all(x.status == Status.EXACT for x in cells.values()) else "unattended")
         rows.append(Row(v, kind, art.filename, art.sha256, new_lock.commit, cells, deps, verdict))
         say(f"{lock.name} {v}: {VERDICT[verdict]}")
     return rows
@@ -202,8 +187,8 @@ def _inputs(project_root: Path, project: stack.Project, old_base: str, old_commi
     import pyflakes
 
     h = hashlib.sha256()
-    here = Path(__file__).parent
-    for f in sorted(here.rglob("*.py")):  # the package's subpackages too (sglpatch.rebase)
+    here = Path(__file__).parents[1]  # the sglpatch package
+    for f in sorted(here.rglob("*.py")):  # its subpackages too (sglpatch.rebase, sglpatch.watch)
         h.update(str(f.relative_to(here)).encode() + b"\0" + f.read_bytes() + b"\0")
     h.update(f"{pyflakes.__version__} {sys.version} {git.run('version')}\0".encode())
     h.update((project_root / "series").read_bytes() + b"\0")
@@ -277,102 +262,3 @@ def _run(project_root: Path, releases: str | None, jobs: int | None, recheck: bo
         "newer": newer,
         "seconds": round(time.monotonic() - t0, 1),
     }
-
-
-# --------------------------------------------------------------------------------------
-# output
-
-
-VERDICT = {"nothing": "nothing to do", "unattended": "rebase does it unattended", "human": "NEEDS A HUMAN"}
-
-
-def _short_patch(name: str) -> str:
-    return "P" + str(int(name.split("-", 1)[0])) if name[:4].isdigit() else name[:8]
-
-
-def _dep_str(deps: dict, pinned: dict) -> str:
-    parts = []
-    for d in (*DEPS, "python"):
-        if d in deps:
-            mark = "" if deps.get(d) == pinned.get(d) else "*"
-            parts.append(f"{d.replace('-python', '')} {deps[d]}{mark}")
-    return "; ".join(parts)
-
-
-def terminal(report: dict) -> list[str]:
-    names = report["patches"]
-    cols = [_short_patch(n) for n in names]
-    lines = [f"upstream watch: the series on {report['pinned']['version']} against {len(report['rows'])} releases"]
-    lines.append(f"{'release':<14}" + "".join(f"{c:<12}" for c in cols) + "verdict")
-    for r in report["rows"]:
-        lines.append(f"{r['version']:<14}" + "".join(f"{SHORT[r['cells'][n]['status']]:<12}" for n in names) + VERDICT[r["verdict"]])
-    lines.append("")
-    lines.append("details (what is not 'applies exactly'):")
-    for r in report["rows"]:
-        for n, c in zip(names, cols):
-            cell = r["cells"][n]
-            if cell["status"] == "exact":
-                continue
-            lines.append(f"  {r['version']} {c}: {cell['text']}")
-            for d in cell["details"][:6]:
-                lines.append(f"      {d}")
-    lines.append("")
-    lines.append(f"dependency pins (* = differs from the pinned {report['pinned']['version']}: {_dep_str(report['pinned']['deps'], report['pinned']['deps'])}):")
-    for r in report["rows"]:
-        lines.append(f"  {r['version']:<14} {r['source']:<6} {_dep_str(r['deps'], report['pinned']['deps'])}; wheels {r['deps'].get('tags')}")
-    newest = report.get("newest_deps", {})
-    if newest:
-        lines.append("  " + f"{'newest':<21} " + "; ".join(f"{d.replace('-python', '')} {v}" for d, v in newest.items()))
-    for n in report.get("newer", []):
-        lines.append(f"newer than the pins: {n['dist']} {n['newest']} (sglang {n['release']} pins {n['pin']}):")
-        lines += [f"  {'[series] ' if c['series'] else ''}{c['text']}" for c in n["changes"]]
-    lines.append(f"newest {report['newest']}: {VERDICT[report['newest_verdict']]} ({report['seconds']}s)")
-    return lines
-
-
-def markdown(report: dict, command: str | None = None) -> str:
-    names = report["patches"]
-    cols = [_short_patch(n) for n in names]
-    out = [f"# Upstream watch: the series on sglang {report['pinned']['version']}", ""]
-    if command:
-        out += [f"Command: `{command}`  ", f"Date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}", ""]
-    out += ["Patches: " + ", ".join(f"{c} = `{n}`" for c, n in zip(cols, names)), ""]
-    out.append("| release | source | " + " | ".join(cols) + " | verdict |")
-    out.append("|---|---|" + "---|" * len(cols) + "---|")
-    for r in report["rows"]:
-        cells = [r["cells"][n]["text"].replace("|", "\\|") for n in names]
-        out.append(f"| {r['version']} | {r['source']} | " + " | ".join(cells) + f" | {VERDICT[r['verdict']]} |")
-    out += ["", "## Dependency pins", "", "| release | torch | flashinfer-python | sgl-kernel | sglang-kernel | transformers | Requires-Python | wheel tags |",
-            "|---|---|---|---|---|---|---|---|"]
-    for label, deps in [(f"{report['pinned']['version']} (pinned)", report["pinned"]["deps"])] + [(r["version"], r["deps"]) for r in report["rows"]]:
-        out.append(f"| {label} | " + " | ".join(deps.get(d, "-") for d in DEPS) + f" | {deps.get('python', '-')} | {deps.get('tags', '-')} |")
-    if report.get("newest_deps"):
-        out.append("| newest on the index | " + " | ".join(report["newest_deps"].get(d, "-") for d in DEPS) + " | | |")
-    if report.get("newer"):
-        out += ["", "## Newer than the pins", ""]
-        for n in report["newer"]:
-            out.append(f"**{n['dist']} {n['newest']}** (sglang {n['release']} pins `{n['pin']}`; the series relies on it: {n['why']}):")
-            out += [f"- {'**series**: ' if c['series'] else ''}{c['text']}" for c in n["changes"]]
-            out.append("")
-    out += ["", "## Details", ""]
-    for r in report["rows"]:
-        for n, c in zip(names, cols):
-            cell = r["cells"][n]
-            if cell["status"] in ("exact", "3way"):
-                continue
-            out.append(f"- **{r['version']} {c}**: {cell['text']}")
-            out += [f"  - {d}" for d in cell["details"][:8]]
-    out += ["", f"Newest release {report['newest']}: **{VERDICT[report['newest_verdict']]}**.", ""]
-    return "\n".join(out)
-
-
-def main(project_root: Path, releases: str | None = None, json_out: str | None = None, md_out: str | None = None,
-         command: str | None = None, jobs: int | None = None, recheck: bool = False) -> int:
-    report = run(project_root, releases, jobs, recheck)
-    print("\n".join(terminal(report)))
-    if json_out:
-        data = dict(report, command=command, date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()))
-        write_if_changed(Path(json_out), (json.dumps(data, indent=1) + "\n").encode())
-    if md_out:
-        write_if_changed(Path(md_out), markdown(report, command).encode())
-    return EXIT_HUMAN if report["newest_verdict"] == "human" else EXIT_OK

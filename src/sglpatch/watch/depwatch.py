@@ -21,9 +21,10 @@ import zipfile
 from pathlib import Path
 
 from sglpatch import toml
-from sglpatch import artifacts, series, supersede, treecache
+from sglpatch import artifacts, series, treecache
 from sglpatch.errors import SglpatchError
 from sglpatch.gitcmd import Git
+from sglpatch.watch import supersede
 
 
 TABLE = Path("deps") / "newer.toml"

@@ -71,7 +71,7 @@ def parse(patch: PatchFile) -> Probe | None:
     return p
 
 
-def _pinned_version(spec: str, dist: str) -> str | None:
+def pinned_version(spec: str, dist: str) -> str | None:
     from packaging.specifiers import SpecifierSet
     from packaging.version import Version
 
@@ -128,7 +128,7 @@ def probe(git: Git, tree: str, patch: PatchFile, deps: dict[str, str]) -> Result
         spec = deps.get(dist)
         if spec is None:
             return Result(False, f"{', '.join(found)} present, but this release does not pin {dist}", p.switch)
-        ver = _pinned_version(spec, dist)
+        ver = pinned_version(spec, dist)
         if ver is None:
             return Result(False, f"{', '.join(found)} present, but no {dist} release satisfies {spec}", p.switch)
         if not _ships(dist, ver, member, sym):

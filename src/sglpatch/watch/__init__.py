@@ -1,0 +1,45 @@
+"""`sglpatch watch`: the series against every upstream release after the pin.
+
+One row per release, one column per patch (the classification is rebase's own, see
+``rebase.classify``), plus the release's dependency pins next to the pinned release's and the
+newest release of each on the index; for the packages the series relies on (deps/newer.toml),
+what their newest release changes of what the newest watched release uses (watch.depwatch).
+Trees are cached (``sglpatch.treecache``): each registry artifact is unpacked once into a
+cache git repository, so a second run only classifies. Output: a terminal table, and optionally JSON and markdown.
+Exit status: 3 when the newest release needs a human, else 0.
+
+Modules: ``matrix`` (the rows: classification, pins, what newer dependencies change), ``render``
+(the terminal table, the markdown), ``supersede`` (the ``X-Superseded-By`` probe), ``depwatch``
+(dependencies newer than the pins).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from sglpatch import exitcodes
+from sglpatch.fsutil import write_if_changed
+from sglpatch.watch.matrix import DEPS, VERDICT, Cell, Row, default_jobs, dep_pins, newer_than_pins, pins, run
+from sglpatch.watch.render import SHORT, markdown, terminal
+
+EXIT_OK = exitcodes.OK
+EXIT_HUMAN = exitcodes.HUMAN
+
+__all__ = [
+    "DEPS", "EXIT_HUMAN", "EXIT_OK", "SHORT", "VERDICT", "Cell", "Row", "default_jobs", "dep_pins", "main", "markdown",
+    "newer_than_pins", "pins", "run", "terminal",
+]
+
+
+def main(project_root: Path, releases: str | None = None, json_out: str | None = None, md_out: str | None = None,
+         command: str | None = None, jobs: int | None = None, recheck: bool = False) -> int:
+    report = run(project_root, releases, jobs, recheck)
+    print("\n".join(terminal(report)))
+    if json_out:
+        data = dict(report, command=command, date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()))
+        write_if_changed(Path(json_out), (json.dumps(data, indent=1) + "\n").encode())
+    if md_out:
+        write_if_changed(Path(md_out), markdown(report, command).encode())
+    return EXIT_HUMAN if report["newest_verdict"] == "human" else EXIT_OK
