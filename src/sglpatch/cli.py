@@ -1,5 +1,5 @@
 """Command line: argument parsing and messages only (the work is done in sglpatch.stack,
-upstream, install, rebase, bisect, and in the GPU suite sglpatch.gpu: regress, profile_report)."""
+project, upstream, install, rebase, bisect, and in the GPU suite sglpatch.gpu: regress, profile_report)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,8 @@ from pathlib import Path
 from sglpatch import __version__, exitcodes, install, newvenv, stack, upstream
 from sglpatch.errors import SglpatchError
 from sglpatch.lock import read_lock
+from sglpatch.project import find_project
+from sglpatch.workdir import PATCHED_BRANCH, UPSTREAM_BRANCH
 
 
 def _positive(text: str) -> float:
@@ -95,7 +97,7 @@ def _workdir(args) -> Path:
 
 
 def _project(args) -> Path:
-    return Path(args.project).resolve() if getattr(args, "project", None) else stack.find_project()
+    return Path(args.project).resolve() if getattr(args, "project", None) else find_project()
 
 
 def _os_error(e: OSError) -> SglpatchError:
@@ -324,8 +326,8 @@ def _add_bisect(sub) -> None:
         "SGLPATCH_BISECT_COMMIT set. The workdir always ends back on branch patched, clean.",
     )
     _add_workdir(p)
-    p.add_argument("--good", default="upstream", help="a commit where CMD passes (default: upstream)")
-    p.add_argument("--bad", default="patched", help="a commit where CMD fails (default: patched)")
+    p.add_argument("--good", default=UPSTREAM_BRANCH, help=f"a commit where CMD passes (default: {UPSTREAM_BRANCH})")
+    p.add_argument("--bad", default=PATCHED_BRANCH, help=f"a commit where CMD fails (default: {PATCHED_BRANCH})")
     p.add_argument("--timeout", type=_positive, metavar="SEC", help="per-run limit; CMD's process group is killed past it")
     p.add_argument(
         "--on-timeout", choices=["bad", "skip"], default="bad", help="what a run past --timeout counts as (default: bad, a hang is a regression)"

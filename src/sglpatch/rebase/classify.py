@@ -14,7 +14,9 @@ from sglpatch.errors import SglpatchError, say
 from sglpatch.fsutil import crashpoint, private_tmpdir
 from sglpatch.gitcmd import Git
 from sglpatch.lock import Lock
+from sglpatch.project import Project
 from sglpatch.series import PATCH_DIR, Entry, PatchFile, parse_patch, read_series
+from sglpatch.workdir import PATCHED_BRANCH, UPSTREAM_BRANCH, open_workdir, recorded
 from sglpatch.rebase.common import EXIT_HUMAN, EXIT_NOTHING, EXIT_UNATTENDED, Outcome, RESOLUTIONS_DIR, RebaseError, _table
 from sglpatch.rebase.merge import _commit_like, _conflict_regions, _failing_hunks, _three_way
 from sglpatch.rebase.upstreamed import _upstream_evidence
@@ -183,13 +185,13 @@ def _run_steps(git: Git, plan: Plan, dry_run: bool, lenient: bool = False) -> li
 # preparing: old stack, new upstream
 
 
-def _in_sync_stack(git: Git, project: stack.Project) -> tuple[str, list[str]] | None:
+def _in_sync_stack(git: Git, project: Project) -> tuple[str, list[str]] | None:
     """(upstream, commits) of DIR when it holds exactly the project's series on its pin."""
-    base = git.rev(up.UPSTREAM_BRANCH)
-    head = git.rev(stack.PATCHED_BRANCH)
+    base = git.rev(UPSTREAM_BRANCH)
+    head = git.rev(PATCHED_BRANCH)
     if not base or not head or up.upstream_pin(git) != project.lock.pin_digest():
         return None
-    rec_digest, rec_head = stack._recorded(git)
+    rec_digest, rec_head = recorded(git)
     if rec_head != head or rec_digest != project.digest(base):
         return None
     commits = git.commits(base, head)
@@ -207,7 +209,7 @@ def _build_new_upstream(git: Git, lock: Lock, source: str, url: str | None) -> s
     raise RebaseError(f"unknown source {source!r}; use auto, git, sdist or wheel")
 
 
-def _resolve_source(project: stack.Project, onto: str, source: str, url: str | None) -> str:
+def _resolve_source(project: Project, onto: str, source: str, url: str | None) -> str:
     """--source auto: git when the URL answers, else the sdist, else the wheel (says which and why)."""
     if source != "auto":
         return source
@@ -224,7 +226,7 @@ def _prepare(git: Git, project_root: Path, onto: str, source: str, commit: str |
              cached: bool = False) -> Plan:
     """cached (dry runs): registry trees come from the tree cache (sglpatch.treecache), which git
     (a scratch repository) then borrows; a real rebase commits them into the workdir."""
-    project = stack.Project.load(project_root)
+    project = Project.load(project_root)
     source = _resolve_source(project, onto, source, url)
     registry = treecache.registry_commit if cached else up.build_registry
     if in_sync is None:
@@ -264,7 +266,7 @@ def _prepare(git: Git, project_root: Path, onto: str, source: str, commit: str |
 def classify(git: Git, project_root: Path, old_base: str, old_commits: list[str], new_lock: Lock, onto: str, source: str) -> list[Outcome]:
     """Classify every patch of the project's series on `onto` (dry run; the watch calls this
     once per release with the old stack built once). git must hold all of these objects."""
-    project = stack.Project.load(project_root)
+    project = Project.load(project_root)
     plan = Plan(
         project=str(project_root), source=source, old_lock=project.lock.dumps(), new_lock=new_lock.dumps(),
         old_base=old_base, old_commits=list(old_commits), names=[e.name for e in project.series.entries],
@@ -299,7 +301,7 @@ def dry_run(
 
 def _dry_run(project_root: Path, workdir: Path | None, onto: str, source: str, commit: str | None, url: str | None) -> DryRunResult:
     project_root = Path(project_root).resolve()
-    project = stack.Project.load(project_root)
+    project = Project.load(project_root)
     with private_tmpdir("watch") as tmp:
         scratch = Path(tmp) / "repo"
         scratch.mkdir()
@@ -307,7 +309,7 @@ def _dry_run(project_root: Path, workdir: Path | None, onto: str, source: str, c
         sg.run("init", "-q", "--bare")
         in_sync = None
         if workdir is not None and (Path(workdir) / ".git").is_dir():
-            dg = stack.open_workdir(Path(workdir), create=False)
+            dg = open_workdir(Path(workdir), create=False)
             in_sync = _in_sync_stack(dg, project)
             if in_sync is not None:
                 objects = (Path(workdir) / ".git" / "objects").resolve()

@@ -12,8 +12,6 @@ from sglpatch.errors import SglpatchError
 RESOLUTIONS_DIR = "resolutions"
 REPORTS_DIR = "rebase-reports"
 CHANGELOG = "CHANGELOG.md"
-STATE_DIR = "sglpatch-rebase"
-REF_PREFIX = "refs/sglpatch/rebase"
 
 # dry-run exit codes (sglpatch.exitcodes; errors stay 1)
 EXIT_NOTHING = exitcodes.OK  # every patch applies exactly

@@ -1,6 +1,7 @@
 """A real rebase's state in DIR/.git/sglpatch-rebase/: the plan (state.json), where DIR and the
 project were before (orig.json), the project's files before (project/), and the journal of what
-the finishing step wrote in the project (written.json), which is what --abort undoes.
+the finishing step wrote in the project (written.json), which is what --abort undoes. Where the
+folder is, and whether a rebase is in progress (state.json is there), is sglpatch.workdir's.
 
     state.json     the Plan, saved after every step (--continue goes on from it); its "format"
                    (classify.PLAN_FORMAT, now 1) must be this sglpatch's, else it is refused
@@ -19,25 +20,22 @@ import tempfile
 from dataclasses import asdict
 from pathlib import Path
 
-from sglpatch.fsutil import inside, no_link, read_journal, write_if_changed
+from sglpatch.fsutil import inside, read_journal, write_if_changed
 from sglpatch.gitcmd import Git
 from sglpatch.rebase.classify import PLAN_FORMAT, Plan
-from sglpatch.rebase.common import CHANGELOG, REPORTS_DIR, RESOLUTIONS_DIR, RebaseError, STATE_DIR
+from sglpatch.rebase.common import CHANGELOG, REPORTS_DIR, RESOLUTIONS_DIR, RebaseError
 from sglpatch.series import PATCH_DIR, SERIES_NAME
+from sglpatch.workdir import REBASE_STATE_FILE, rebase_state_dir
 
 _TYPES = {"str": str, "int": int, "list": list, "dict": dict}
 
 
-def state_dir(git: Git) -> Path:
-    return no_link(git.workdir / ".git" / STATE_DIR, f"sglpatch keeps a rebase's state inside {git.workdir / '.git'}: remove the link and re-run")
-
-
 def journal_file(git: Git) -> Path:
-    return state_dir(git) / "written.json"
+    return rebase_state_dir(git) / "written.json"
 
 
 def save(git: Git, plan: Plan) -> None:
-    write_if_changed(state_dir(git) / "state.json", json.dumps(asdict(plan), indent=1, sort_keys=True).encode())
+    write_if_changed(rebase_state_dir(git) / REBASE_STATE_FILE, json.dumps(asdict(plan), indent=1, sort_keys=True).encode())
 
 
 def _damaged(git: Git, f: Path, why: str) -> RebaseError:
@@ -89,9 +87,9 @@ def plan_from(data) -> Plan:
 
 
 def load(git: Git) -> Plan:
-    f = state_dir(git) / "state.json"
+    f = rebase_state_dir(git) / REBASE_STATE_FILE
     if not f.is_file():
-        if state_dir(git).exists():  # a rebase killed before it saved its state: nothing to resume or restore
+        if rebase_state_dir(git).exists():  # a rebase killed before it saved its state: nothing to resume or restore
             raise RebaseError(
                 f"no rebase to resume in {git.workdir}: one was killed before it changed anything; "
                 "re-run `sglpatch rebase --onto ...`, which clears what it left"
@@ -109,29 +107,17 @@ def load(git: Git) -> Plan:
         raise _damaged(git, f, "empty" if not text.strip() else str(e)) from None
 
 
-def in_progress(git: Git) -> str:
-    """'' when no rebase is in progress in DIR; else where it is, in a few words (a damaged
-    state raises the line that says how to get out)."""
-    if not (state_dir(git) / "state.json").exists():
-        return ""
-    plan = load(git)
-    if plan.stopped:
-        i = plan.stopped["index"]
-        return f"stopped at patch {i + 1}/{len(plan.names)} ({plan.names[i]}) for you"
-    return "its process was interrupted (killed?) before it finished"
-
-
 # --------------------------------------------------------------------------------------
 # where DIR and the project were
 
 
 def save_orig(git: Git, orig: dict, project_root: Path) -> None:
-    write_if_changed(state_dir(git) / "orig.json", json.dumps({"orig": orig, "project": str(project_root)}, indent=1).encode())
+    write_if_changed(rebase_state_dir(git) / "orig.json", json.dumps({"orig": orig, "project": str(project_root)}, indent=1).encode())
 
 
 def load_orig(git: Git) -> tuple[dict, Path]:
     """(orig, project) for --abort: from orig.json, which a damaged state.json does not touch."""
-    f = state_dir(git) / "orig.json"
+    f = rebase_state_dir(git) / "orig.json"
     try:
         data = json.loads(f.read_text())
         if isinstance(data, dict) and isinstance(data.get("orig"), dict) and isinstance(data.get("project"), str):
@@ -180,7 +166,7 @@ def _files_under(project_root: Path, rel: str) -> list[str]:
 def snapshot(git: Git, project_root: Path, version: str, report_name: str) -> None:
     import shutil
 
-    snap = state_dir(git) / "project"
+    snap = rebase_state_dir(git) / "project"
     if snap.exists():
         shutil.rmtree(snap)
     snap.mkdir(parents=True)
@@ -207,7 +193,7 @@ def restore(git: Git, project_root: Path) -> list[str]:
     returns what of the user's it kept (added or changed during the rebase), one entry each."""
     import shutil
 
-    snap = state_dir(git) / "project"
+    snap = rebase_state_dir(git) / "project"
     manifest = json.loads((snap / "manifest.json").read_text())
     present = set(manifest["present"])
     written = read_journal(journal_file(git))
