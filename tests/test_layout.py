@@ -16,14 +16,10 @@ ROOT = Path(__file__).resolve().parents[1]
 SRC = ROOT / "src"
 MAX_LINES = 450
 
-KNOWN_CYCLES = [
-    # issue 23: stack's rebase-in-progress guard reads rebase/state.py, and importing it runs the
-    # rebase package, which builds on stack; a workdir module holding that state ends this
-    {"sglpatch.rebase", "sglpatch.rebase.classify", "sglpatch.rebase.session", "sglpatch.rebase.state", "sglpatch.stack"},
-]
+KNOWN_CYCLES: list[set[str]] = []  # none left (issue 23 part C: workdir.py out of stack ended the last)
 # issue 23: the series-side files still over MAX_LINES (bisect/ along driver / step / run_cmd,
-# workdir.py out of stack, cli only parses and prints, artifacts' index reader apart from its downloads)
-KNOWN_LONG = {"sglpatch/bisect.py", "sglpatch/stack.py", "sglpatch/artifacts.py", "sglpatch/cli.py"}
+# cli only parses and prints, artifacts' index reader apart from its downloads)
+KNOWN_LONG = {"sglpatch/bisect.py", "sglpatch/artifacts.py", "sglpatch/cli.py"}
 
 
 def module_name(path: Path, src: Path = SRC) -> str:
