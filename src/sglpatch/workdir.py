@@ -11,17 +11,17 @@
     config sglpatch.installed-python the interpreter apply last installed the tree into
     .git/sglpatch.lock       DIR's lock: one command at a time
     .git/sglpatch-tmp/       scratch files, inside .git so that a kill leaves nothing outside DIR
-    .git/sglpatch-rebase/    a rebase's state (what is in it is sglpatch.rebase.state's)
+    .git/sglpatch-rebase/    a rebase's state (sglpatch.rebase.state; its plan, state.json: sglpatch.rebaseplan)
 
 Everyone else asks this module for these names; nobody copies them.
 """
 
 from __future__ import annotations
 
-import json
 import shutil
 from pathlib import Path
 
+from sglpatch import rebaseplan
 from sglpatch.errors import SglpatchError
 from sglpatch.fsutil import crashpoint, no_link
 from sglpatch.gitcmd import Git
@@ -201,19 +201,15 @@ def rebase_state_dir(git: Git) -> Path:
 
 
 def rebase_in_progress(git: Git) -> str:
-    """'' when no rebase is in progress in DIR; else where it is, in a few words (read from its
-    saved state, whose full reader is sglpatch.rebase.state; one that cannot be read says so)."""
+    """'' when no rebase is in progress in DIR; else where it is, in a few words (a damaged
+    state raises the line that says how to get out)."""
     f = rebase_state_dir(git) / REBASE_STATE_FILE
     if not f.exists():
         return ""
-    try:
-        data = json.loads(f.read_text(encoding="utf-8"))
-        stopped, names = data.get("stopped"), data["names"]
-        if stopped:
-            i = stopped["index"]
-            return f"stopped at patch {i + 1}/{len(names)} ({names[i]}) for you"
-    except (OSError, UnicodeDecodeError, ValueError, LookupError, TypeError, AttributeError):
-        return f"its state {f} is damaged"
+    plan = rebaseplan.load(f, git.workdir)
+    if plan.stopped:
+        i = plan.stopped["index"]
+        return f"stopped at patch {i + 1}/{len(plan.names)} ({plan.names[i]}) for you"
     return "its process was interrupted (killed?) before it finished"
 
 

@@ -46,9 +46,10 @@ Modules, in the order a rebase uses them: ``common`` (constants, errors, outcome
 """
 
 from sglpatch.rebase.classify import DryRunResult, classify, dry_run
-from sglpatch.rebase.common import EXIT_HUMAN, EXIT_NOTHING, EXIT_UNATTENDED, RESOLUTIONS_DIR, Outcome, RebaseError, RebaseStopped
+from sglpatch.rebase.common import EXIT_HUMAN, EXIT_NOTHING, EXIT_UNATTENDED, RESOLUTIONS_DIR, Outcome, RebaseStopped
 from sglpatch.rebase.resolutions import Recorded, conflict_key, read_resolutions, resolutions_dir, write_resolutions
 from sglpatch.rebase.session import abort, continue_, start
+from sglpatch.rebaseplan import RebaseError
 
 __all__ = [
     "EXIT_HUMAN", "EXIT_NOTHING", "EXIT_UNATTENDED", "RESOLUTIONS_DIR", "DryRunResult", "Outcome", "RebaseError",

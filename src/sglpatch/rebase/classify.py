@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from sglpatch import mergecheck, stack, treecache
@@ -15,9 +15,10 @@ from sglpatch.fsutil import crashpoint, private_tmpdir
 from sglpatch.gitcmd import Git
 from sglpatch.lock import Lock
 from sglpatch.project import Project
+from sglpatch.rebaseplan import Plan, RebaseError
 from sglpatch.series import PATCH_DIR, Entry, PatchFile, parse_patch, read_series
 from sglpatch.workdir import PATCHED_BRANCH, UPSTREAM_BRANCH, open_workdir, recorded
-from sglpatch.rebase.common import EXIT_HUMAN, EXIT_NOTHING, EXIT_UNATTENDED, Outcome, RESOLUTIONS_DIR, RebaseError, _table
+from sglpatch.rebase.common import EXIT_HUMAN, EXIT_NOTHING, EXIT_UNATTENDED, Outcome, RESOLUTIONS_DIR, _table
 from sglpatch.rebase.merge import _commit_like, _conflict_regions, _failing_hunks, _three_way
 from sglpatch.rebase.upstreamed import _upstream_evidence
 from sglpatch.rebase.resolutions import Recorded, _rerere, conflict_key, lenient_resolutions, read_resolutions
@@ -25,33 +26,6 @@ from sglpatch.rebase.resolutions import Recorded, _rerere, conflict_key, lenient
 
 # --------------------------------------------------------------------------------------
 # the engine
-
-
-PLAN_FORMAT = 1  # of the saved Plan (state.json); state.load refuses any other, with the way out
-
-
-@dataclass
-class Plan:
-    """Everything a rebase needs, saved as state between --continue calls (state.json).
-    A change to its fields that an older sglpatch cannot read raises PLAN_FORMAT."""
-
-    project: str
-    source: str
-    old_lock: str  # dumps
-    new_lock: str  # dumps (blobs filled at the end)
-    old_base: str
-    old_commits: list[str]
-    names: list[str]
-    strips: list[int]
-    sha256s: list[str]
-    onto: str
-    head: str
-    next: int = 0
-    outcomes: list[dict] = field(default_factory=list)
-    hand: dict[str, str] = field(default_factory=dict)  # name -> "replace"/"drop" resolved during this rebase
-    orig: dict = field(default_factory=dict)
-    stopped: dict = field(default_factory=dict)
-    format: int = PLAN_FORMAT
 
 
 def _step(

@@ -1,4 +1,5 @@
-"""Constants, errors and the per-patch outcome of a rebase (and its table)."""
+"""Constants, RebaseStopped and the per-patch outcome of a rebase (and its table); RebaseError is
+sglpatch.rebaseplan's, beside the saved plan it refuses (the workdir's guard reads it too)."""
 
 from __future__ import annotations
 
@@ -17,10 +18,6 @@ CHANGELOG = "CHANGELOG.md"
 EXIT_NOTHING = exitcodes.OK  # every patch applies exactly
 EXIT_UNATTENDED = exitcodes.OK  # work, but `rebase` does it alone (3-way, drops, recorded resolutions): the watch's verdict too
 EXIT_HUMAN = exitcodes.HUMAN  # a conflict or an obsolete patch without a recorded resolution
-
-
-class RebaseError(SglpatchError):
-    pass
 
 
 class RebaseStopped(SglpatchError):

@@ -5,7 +5,7 @@ from __future__ import annotations
 from sglpatch.gitcmd import Git, last_line
 from sglpatch.series import PatchFile, hunks_by_path, parse_patch
 from sglpatch.workdir import scratch_dir
-from sglpatch.rebase.common import RebaseError
+from sglpatch.rebaseplan import RebaseError
 
 
 # --------------------------------------------------------------------------------------

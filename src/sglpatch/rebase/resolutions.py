@@ -12,7 +12,8 @@ from sglpatch import toml
 from sglpatch.errors import SglpatchError, say
 from sglpatch.fsutil import inside, write_if_changed
 from sglpatch.gitcmd import Git
-from sglpatch.rebase.common import Outcome, RESOLUTIONS_DIR, RebaseError
+from sglpatch.rebase.common import Outcome, RESOLUTIONS_DIR
+from sglpatch.rebaseplan import RebaseError
 
 
 # --------------------------------------------------------------------------------------

@@ -16,13 +16,14 @@ from sglpatch.fsutil import crashpoint, exclusive, journal, tmp_prefix, write_if
 from sglpatch.gitcmd import Git
 from sglpatch.lock import Lock, write_lock
 from sglpatch.project import Project
+from sglpatch.rebaseplan import Plan, RebaseError
 from sglpatch.series import PATCH_DIR
 from sglpatch.workdir import (APPLIED_KEY, BACKUP_PREFIX, PATCHED_BRANCH, REBASE_REF_PREFIX, REBASE_STATE_FILE, UPSTREAM_BRANCH, clear_scratch,
                               lockfile, open_workdir, pin_key, rebase_state_dir, record, scratch_dir)
-from sglpatch.rebase.common import CHANGELOG, Outcome, REPORTS_DIR, RESOLUTIONS_DIR, RebaseError, RebaseStopped, _table
+from sglpatch.rebase.common import CHANGELOG, Outcome, REPORTS_DIR, RESOLUTIONS_DIR, RebaseStopped, _table
 from sglpatch.rebase.merge import _commit_like
 from sglpatch.rebase.resolutions import Recorded, read_resolutions, write_resolutions
-from sglpatch.rebase.classify import Plan, _in_sync_stack, _prepare, _run_steps
+from sglpatch.rebase.classify import _in_sync_stack, _prepare, _run_steps
 from sglpatch.rebase import state
 
 
