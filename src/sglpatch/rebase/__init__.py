@@ -39,10 +39,13 @@ and files and the project's files exactly. Only the finishing step writes the pr
 patches/ + series (export), upstream.lock, CHANGELOG.md, the report under
 ``rebase-reports/`` (outcomes and per-patch ``git range-diff``).
 
-Modules, in the order a rebase uses them: ``common`` (constants, errors, outcomes), ``merge``
+Modules, in the order a rebase uses them: ``common`` (constants, RebaseStopped, outcomes), ``merge``
 (git helpers: fixed commits, 3-way), ``upstreamed`` (is the change already there?),
-``resolutions`` (recorded, conflict-keyed), ``classify`` (the engine, the dry run), ``session``
-(a real rebase: stop, continue, abort, finish).
+``resolutions`` (recorded, conflict-keyed), ``classify`` (the engine, the dry run), ``state``
+(what DIR/.git/sglpatch-rebase/ holds), ``session`` (a real rebase: stop, continue, abort,
+finish). Outside the package: ``sglpatch.rebaseplan`` (the saved plan, its reader, RebaseError)
+and ``sglpatch.workdir`` (the state's place and names, the "rebase in progress" check), which
+the stack commands read without running the rebase.
 """
 
 from sglpatch.rebase.classify import DryRunResult, classify, dry_run
