@@ -37,8 +37,9 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT, git
-from sglpatch import artifacts, stack, upstream
+from sglpatch import artifacts, stack
 from sglpatch.lock import read_lock, write_lock
+from sglpatch.workdir import SCRATCH
 
 SUBJECT_1 = "version: say that the fallback is for a build"
 SUBJECT_2 = "environ: note for the failure-mode tests"
@@ -184,7 +185,7 @@ class Case:
         assert sorted(p.name for p in self.sentinel.iterdir()) == [], "wrote into the sentinel folder"
         assert {p.name for p in self.tmp.iterdir()} <= self.allowed, "wrote next to the project/workdir"
         assert sdist_cache(self.golden["cache"]) == self.golden["cache_listing"], "changed the sdist cache"
-        scratch = self.fork / ".git" / upstream.SCRATCH
+        scratch = self.fork / ".git" / SCRATCH
         assert not scratch.exists() or not any(scratch.iterdir()), "left scratch files"
 
     def restore(self, *names: str) -> None:

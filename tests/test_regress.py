@@ -212,7 +212,8 @@ def test_gpu_suite_sees_the_series_side_only_through_series_side():
     import ast
 
     series_side = {"sglpatch.stack", "sglpatch.series", "sglpatch.lock", "sglpatch.upstream", "sglpatch.rebase",
-                   "sglpatch.bisect", "sglpatch.gitcmd", "sglpatch.cli", "sglpatch.install", "sglpatch.watch"}
+                   "sglpatch.bisect", "sglpatch.gitcmd", "sglpatch.cli", "sglpatch.install", "sglpatch.watch",
+                   "sglpatch.workdir", "sglpatch.project"}
     allowed = {"sglpatch.errors", "sglpatch.proctree", "sglpatch.preflight", "sglpatch.exitcodes",
                "sglpatch.pyenv", "sglpatch.argtypes"}  # standard library only, the box's facts
     for path in (ROOT / "src" / "sglpatch" / "gpu").glob("*.py"):

@@ -16,10 +16,11 @@ import uuid
 import pytest
 
 from conftest import ROOT, copy_project, sglpatch
-from sglpatch import artifacts, rebase, series, stack, treecache, watch
+from sglpatch import artifacts, rebase, series, treecache, watch
 from sglpatch import upstream as up
 from sglpatch.gitcmd import Git
 from sglpatch.lock import UNKNOWN_COMMIT, Lock
+from sglpatch.project import Project
 from sglpatch.rebase import target
 from sglpatch.watch import supersede
 
@@ -303,7 +304,7 @@ def test_depwatch_flashinfer_072_to_074_on_the_real_0523_tree(trees):
 
     cg, tree, _ = trees[NEWEST]
     cfg = depwatch.load(ROOT)["flashinfer-python"]
-    relied = depwatch.series_files(ROOT, stack.Project.load(ROOT), NEWEST)
+    relied = depwatch.series_files(ROOT, Project.load(ROOT), NEWEST)
     assert "python/sglang/srt/distributed/device_communicators/pcie_ipc_ar.py" in relied  # P2's supersession probe file
     got = {c["text"] for c in depwatch.check("flashinfer-python", cfg, "0.7.2", "0.7.4", cg, tree, relied)}
     assert any(t.startswith("flashinfer/comm/pcie_ipc_tuning.py: _PCIE_IPC_MEMOP_TUNE_VERSION 4 -> 5: the PCIe-IPC autotune cache key") for t in got)

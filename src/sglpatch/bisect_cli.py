@@ -11,6 +11,7 @@ from pathlib import Path
 from sglpatch import cliargs, exitcodes
 from sglpatch.argtypes import positive
 from sglpatch.errors import SglpatchError
+from sglpatch.workdir import PATCHED_BRANCH, UPSTREAM_BRANCH
 
 HELP = "find the first bad patch with git bisect run (CMD: 0 good, 125 skip, other bad)"
 DESCRIPTION = (
@@ -23,8 +24,8 @@ DESCRIPTION = (
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     cliargs.add_workdir(p)
-    p.add_argument("--good", default="upstream", help="a commit where CMD passes (default: upstream)")
-    p.add_argument("--bad", default="patched", help="a commit where CMD fails (default: patched)")
+    p.add_argument("--good", default=UPSTREAM_BRANCH, help=f"a commit where CMD passes (default: {UPSTREAM_BRANCH})")
+    p.add_argument("--bad", default=PATCHED_BRANCH, help=f"a commit where CMD fails (default: {PATCHED_BRANCH})")
     p.add_argument("--timeout", type=positive, metavar="SEC", help="per-run limit; CMD's process group is killed past it")
     p.add_argument(
         "--on-timeout", choices=["bad", "skip"], default="bad", help="what a run past --timeout counts as (default: bad, a hang is a regression)"

@@ -10,7 +10,7 @@ import errno
 import os
 from pathlib import Path
 
-from sglpatch import stack
+from sglpatch.project import find_project
 from sglpatch.errors import SglpatchError
 
 PROJECT_HELP = "project root holding series, patches/, upstream.lock (default: found from cwd)"
@@ -26,7 +26,7 @@ def workdir(args) -> Path:
 
 
 def project(args) -> Path:
-    return Path(args.project).resolve() if getattr(args, "project", None) else stack.find_project()
+    return Path(args.project).resolve() if getattr(args, "project", None) else find_project()
 
 
 def os_error(e: OSError) -> SglpatchError:

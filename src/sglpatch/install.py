@@ -14,9 +14,9 @@ from sglpatch import exitcodes, pyenv
 from sglpatch.errors import SglpatchError
 from sglpatch.gitcmd import Git
 from sglpatch.pyenv import find_uv
+from sglpatch.workdir import INSTALLED_KEY
 
 GENERATED = ("python/sglang/_version.py",)  # rewritten by setuptools-scm during the build
-INSTALLED_KEY = "sglpatch.installed-python"  # the interpreter the tree was last installed into
 
 
 def check_target(python: str | None, installs: bool) -> None:

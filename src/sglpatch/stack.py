@@ -14,37 +14,20 @@ Safety rules (never lose anything of the user's):
 
 from __future__ import annotations
 
-import hashlib
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from sglpatch import exitcodes
 from sglpatch import upstream as up
 from sglpatch.errors import SglpatchError, say
 from sglpatch.fsutil import crashpoint, exclusive, private_tmpdir, remove, write_if_changed
 from sglpatch.gitcmd import FIXED_DATE, Git, last_line
-from sglpatch.lock import Lock, read_lock
-from sglpatch.series import (
-    PATCH_DIR,
-    REQUIRED_DEP3,
-    SERIES_NAME,
-    Entry,
-    PatchFile,
-    Series,
-    hunks_by_path,
-    parse_patch,
-    patch_path,
-    read_patch,
-    read_series,
-    slug,
-)
+from sglpatch.project import Project
+from sglpatch.series import (PATCH_DIR, REQUIRED_DEP3, SERIES_NAME, Entry, PatchFile, Series, hunks_by_path, parse_patch,
+                             patch_path, read_patch, read_series, slug)
+from sglpatch.workdir import (BACKUP_PREFIX, PATCHED_BRANCH, UPSTREAM_BRANCH, clear_scratch, guard_movable, guard_no_rebase, lockfile,
+                              move_patched, open_workdir, record, recorded, scratch_dir)
 
-PATCHED_BRANCH = "patched"
-MANAGED_KEY = "sglpatch.managed"
-APPLIED_KEY = "sglpatch.applied"
-CHECKOUT_KEY = "sglpatch.first-checkout"  # set while the first checkout into a fresh workdir runs
-BACKUP_PREFIX = "refs/sglpatch/backup"
 FORMAT_PATCH_FLAGS = (
     "--stdout",
     "--zero-commit",
@@ -62,117 +45,10 @@ FORMAT_PATCH_FLAGS = (
     "--summary",
     "--binary",
 )
-_EXCLUDES = ("*.egg-info/", "__pycache__/", "*.pyc", "/python/build/", "*.so")
 
 
 class ApplyError(SglpatchError):
     pass
-
-
-# --------------------------------------------------------------------------------------
-# project and workdir
-
-
-@dataclass
-class Project:
-    root: Path
-    lock: Lock
-    series: Series
-    patches: list[PatchFile]
-
-    @classmethod
-    def load(cls, root: Path) -> "Project":
-        root = Path(root)
-        lock = read_lock(root)
-        series = read_series(root)
-        patches = [read_patch(root, e) for e in series.entries]
-        return cls(root=root, lock=lock, series=series, patches=patches)
-
-    def digest(self, upstream_commit: str) -> str:
-        h = hashlib.sha256(upstream_commit.encode())
-        for entry, patch in zip(self.series.entries, self.patches):
-            h.update(f"\0{entry.name}\0{entry.strip}\0".encode())
-            h.update(hashlib.sha256(patch.data).digest())
-        return h.hexdigest()
-
-
-def find_project(start: Path | None = None) -> Path:
-    here = Path(start or Path.cwd()).resolve()
-    for d in (here, *here.parents):
-        if (d / SERIES_NAME).is_file() and (d / "upstream.lock").is_file():
-            return d
-    raise SglpatchError("no sglpatch project here (no series + upstream.lock in this folder or above); pass --project DIR", exitcodes.USAGE)
-
-
-def open_workdir(workdir: Path, create: bool) -> Git:
-    workdir = Path(workdir).expanduser().absolute()
-    if workdir.exists() and not workdir.is_dir():
-        raise SglpatchError(f"{workdir} exists and is not a directory; choose another --workdir")
-    if not workdir.exists() or (workdir.is_dir() and not any(workdir.iterdir())):
-        if not create:
-            raise SglpatchError(f"{workdir} is not set up yet; run `sglpatch apply --workdir {workdir}` first")
-        workdir.mkdir(parents=True, exist_ok=True)
-        git = Git(workdir)
-        git.run("init", "-q", f"--initial-branch={PATCHED_BRANCH}")
-        crashpoint("init")
-        _finish_init(git)
-        return git
-    git = Git(workdir)
-    if not git.is_repo():
-        raise SglpatchError(f"{workdir} is not empty and not a git repository made by sglpatch; choose another --workdir")
-    if git.config_get(MANAGED_KEY) != "true" and create and _is_bare_init(git):
-        # an earlier run was stopped between `git init` and marking the repository as ours:
-        # nothing is in it (no ref, no file), so finishing the set-up cannot lose anything
-        _finish_init(git)
-    if git.config_get(MANAGED_KEY) != "true":
-        raise SglpatchError(
-            f"{workdir} is a git repository not made by sglpatch; refusing to touch it (choose an empty --workdir)"
-        )
-    return git
-
-
-def _finish_init(git: Git) -> None:
-    exclude = git.workdir / ".git" / "info" / "exclude"
-    exclude.parent.mkdir(parents=True, exist_ok=True)
-    header = "# build outputs of the editable install (sglpatch)\n"
-    if header not in (exclude.read_text() if exclude.exists() else ""):
-        with open(exclude, "a") as f:
-            f.write(header + "\n".join(_EXCLUDES) + "\n")
-    git.config_set(MANAGED_KEY, "true")  # last: marks the set-up complete
-
-
-def _is_bare_init(git: Git) -> bool:
-    """A repository exactly as `git init` left it: no refs, HEAD unborn, no file beside .git."""
-    if any(p.name != ".git" for p in git.workdir.iterdir()):
-        return False
-    return git.head_commit() is None and git.run("for-each-ref", "--count=1") == ""
-
-
-def _lockfile(git: Git) -> Path:
-    return git.workdir / ".git" / "sglpatch.lock"
-
-
-def guard_no_rebase(git: Git) -> None:
-    """Refuse to read or write the stack while a rebase is in progress in DIR (stopped for the
-    user, or killed half-way: its branches and the project may be half moved)."""
-    from sglpatch.rebase import state  # the rebase builds on this module
-
-    detail = state.in_progress(git)
-    if detail:
-        wd = git.workdir
-        raise SglpatchError(
-            f"a rebase is in progress in {wd} ({detail}); finish it with `sglpatch rebase --workdir {wd} --continue`, "
-            "or undo it with `--abort`, then re-run"
-        )
-
-
-def _recorded(git: Git) -> tuple[str | None, str | None]:
-    val = (git.config_get(APPLIED_KEY) or "").split()
-    return (val[0], val[1]) if len(val) == 2 else (None, None)
-
-
-def _record(git: Git, digest: str, head: str) -> None:
-    git.config_set(APPLIED_KEY, f"{digest} {head}")
 
 
 # --------------------------------------------------------------------------------------
@@ -219,7 +95,7 @@ def commit_patch(git: Git, base: str, entry: Entry, patch: PatchFile, exact: boo
     """Apply patch on top of base off to the side; return the new commit (git am's message and author)."""
     if exact:
         check_exact(git, base, patch, entry.strip, advice)
-    with git.temp_index(base, scratch=up.scratch_dir(git), prefix="am") as (env, tmpd):
+    with git.temp_index(base, scratch=scratch_dir(git), prefix="am") as (env, tmpd):
         pfile = tmpd / "patch"
         pfile.write_bytes(patch.data)
         rc, _, err = git.run(
@@ -269,52 +145,6 @@ class ApplyResult:
     message: str
 
 
-def _guard_workdir(git: Git) -> None:
-    index_lock = git.workdir / ".git" / "index.lock"
-    if index_lock.exists():
-        raise ApplyError(
-            f"{index_lock} exists: a git command is running in {git.workdir}, or one was killed; "
-            "if no git is running there, remove that file and re-run; nothing was changed"
-        )
-    dirty = git.dirty_files()
-    if dirty and git.head_commit() is None and git.config_get(CHECKOUT_KEY):
-        dirty = []  # the first checkout into this fresh workdir was interrupted; apply finishes it
-    if dirty:
-        shown = ", ".join(dirty[:3]) + (f" and {len(dirty) - 3} more" if len(dirty) > 3 else "")
-        raise ApplyError(
-            f"{git.workdir} has uncommitted changes ({shown}); commit them on {PATCHED_BRANCH} and run "
-            "`sglpatch export`, or `git stash` them; nothing was changed"
-        )
-    branch = git.current_branch()
-    if branch is None:
-        raise ApplyError(
-            f"HEAD in {git.workdir} is detached at {git.head_commit()[:12]}; put your work on a branch, then "
-            f"`git -C {git.workdir} checkout {PATCHED_BRANCH}` and re-run"
-        )
-    if branch not in (PATCHED_BRANCH, up.UPSTREAM_BRANCH) and git.head_commit() is not None:
-        raise ApplyError(f"{git.workdir} is on branch {branch!r}; `git -C {git.workdir} checkout {PATCHED_BRANCH}` and re-run")
-
-
-def _move_patched(git: Git, new_head: str, old_head: str | None) -> None:
-    branch = git.current_branch()
-    if branch == PATCHED_BRANCH and old_head is not None:
-        git.run("reset", "-q", "--keep", new_head)
-    elif branch == PATCHED_BRANCH:  # unborn: fresh workdir; refuses to overwrite untracked files
-        if git.config_get(CHECKOUT_KEY):
-            # our own first checkout was killed half-way (HEAD still unborn): finish it
-            git.run("read-tree", "--reset", "-u", new_head)
-        else:
-            git.config_set(CHECKOUT_KEY, new_head)
-            empty_tree = git.run("hash-object", "-t", "tree", "--stdin", input=b"")
-            git.run("read-tree", "-m", "-u", empty_tree, new_head)
-        crashpoint("apply:checkout")
-        git.update_ref(f"refs/heads/{PATCHED_BRANCH}", new_head, message="sglpatch apply")
-        git.run("config", "--local", "--unset", CHECKOUT_KEY)
-    else:
-        git.update_ref(f"refs/heads/{PATCHED_BRANCH}", new_head, old_head, message="sglpatch apply")
-        git.run("checkout", "-q", PATCHED_BRANCH)
-
-
 def apply(
     project_root: Path,
     workdir: Path,
@@ -328,11 +158,11 @@ def apply(
     a blob that differs) is reported and the registry sdist used instead (--source auto)."""
     project = Project.load(project_root)
     git = open_workdir(workdir, create=True)
-    with exclusive(_lockfile(git), str(git.workdir)):
+    with exclusive(lockfile(git), str(git.workdir)):
         crashpoint("apply:locked")
         guard_no_rebase(git)
-        up.clear_scratch(git)  # left by a killed run
-        _guard_workdir(git)
+        clear_scratch(git)  # left by a killed run
+        guard_movable(git)
         try:
             base = up.materialize(git, project.lock, source, python=python, url=url)
         except SglpatchError as e:
@@ -342,7 +172,7 @@ def apply(
             base = up.materialize(git, project.lock, "sdist", python=python)
         digest = project.digest(base)
         old_head = git.rev(PATCHED_BRANCH)
-        rec_digest, rec_head = _recorded(git)
+        rec_digest, rec_head = recorded(git)
         if old_head and rec_digest == digest and rec_head == old_head:
             if git.current_branch() != PATCHED_BRANCH:
                 git.run("checkout", "-q", PATCHED_BRANCH)
@@ -354,7 +184,7 @@ def apply(
         chain = build_chain(git, project, base, progress=not unexported)
         new_head = chain[-1] if chain else base
         if old_head == new_head:
-            _record(git, digest, new_head)
+            record(git, digest, new_head)
             if git.current_branch() != PATCHED_BRANCH:
                 git.run("checkout", "-q", PATCHED_BRANCH)
             return ApplyResult(False, new_head, base, f"{PATCHED_BRANCH} is up to date ({len(project.patches)} patches)")
@@ -374,9 +204,9 @@ def apply(
             if old_head != rec_head:
                 say(f"kept the previous {PATCHED_BRANCH} as {backup}")
         crashpoint("apply:backup")
-        _move_patched(git, new_head, old_head)
+        move_patched(git, new_head, old_head)
         crashpoint("apply:moved")
-        _record(git, digest, new_head)
+        record(git, digest, new_head)
         return ApplyResult(
             True,
             new_head,
@@ -386,12 +216,12 @@ def apply(
 
 
 def _describe_unexported(git: Git, head: str) -> str:
-    base = git.rev(up.UPSTREAM_BRANCH)
+    base = git.rev(UPSTREAM_BRANCH)
     try:
         commits = git.commits(base, head) if base else []
     except SglpatchError:
         commits = []
-    return f"{len(commits)} commits on {up.UPSTREAM_BRANCH}..{PATCHED_BRANCH}, head {head[:12]}, differ from the series"
+    return f"{len(commits)} commits on {UPSTREAM_BRANCH}..{PATCHED_BRANCH}, head {head[:12]}, differ from the series"
 
 
 # --------------------------------------------------------------------------------------
@@ -418,7 +248,7 @@ def format_patch(git: Git, commit: str) -> bytes:
 
 def export(project_root: Path, workdir: Path) -> ExportResult:
     git = open_workdir(workdir, create=False)
-    with exclusive(_lockfile(git), str(git.workdir)):
+    with exclusive(lockfile(git), str(git.workdir)):
         guard_no_rebase(git)
         return export_locked(Path(project_root), git)
 
@@ -428,10 +258,10 @@ def export_locked(project_root: Path, git: Git) -> ExportResult:
     series = read_series(project_root)
     for e in series.entries:  # none of them may lead outside the project (a linked folder)
         patch_path(project_root, e.name)
-    base = git.rev(up.UPSTREAM_BRANCH)
+    base = git.rev(UPSTREAM_BRANCH)
     head = git.rev(PATCHED_BRANCH)
     if not base or not head:
-        raise SglpatchError(f"{git.workdir} has no {up.UPSTREAM_BRANCH}/{PATCHED_BRANCH} branches; run `sglpatch apply` first")
+        raise SglpatchError(f"{git.workdir} has no {UPSTREAM_BRANCH}/{PATCHED_BRANCH} branches; run `sglpatch apply` first")
     dirty = git.dirty_files()
     if dirty:
         say(f"warning: {len(dirty)} uncommitted file(s) in {git.workdir} are not exported; commit them on {PATCHED_BRANCH} first")
@@ -493,7 +323,7 @@ def export_locked(project_root: Path, git: Git) -> ExportResult:
     crashpoint("export:series")
     # the workdir now matches the series again
     project = Project.load(project_root)
-    _record(git, project.digest(base), head)
+    record(git, project.digest(base), head)
     return ExportResult(written, unchanged, removed, series_changed)
 
 
@@ -506,7 +336,7 @@ def status(project_root: Path, workdir: Path) -> list[str]:
     lines = [f"pin:      {project.lock.describe()}", f"series:   {len(project.patches)} patches"]
     git = open_workdir(workdir, create=False)
     guard_no_rebase(git)
-    base = git.rev(up.UPSTREAM_BRANCH)
+    base = git.rev(UPSTREAM_BRANCH)
     head = git.rev(PATCHED_BRANCH)
     lines.append(f"workdir:  {git.workdir} (on {git.current_branch() or 'detached HEAD'})")
     if not base or not head:
@@ -515,7 +345,7 @@ def status(project_root: Path, workdir: Path) -> list[str]:
     pin_ok = up.upstream_pin(git) == project.lock.pin_digest()
     lines.append(f"upstream: {base[:12]} {'(matches the lock)' if pin_ok else '(does NOT match the lock: run sglpatch apply)'}")
     commits = git.commits(base, head)
-    rec_digest, rec_head = _recorded(git)
+    rec_digest, rec_head = recorded(git)
     for k, c in enumerate(commits, 1):
         lines.append(f"  {k}. {c[:12]} {git.subject(c)}")
     if rec_head != head:
@@ -560,7 +390,7 @@ def check(project_root: Path, workdir: Path | None = None, source: str = "sdist"
 
     if workdir is not None:
         git = open_workdir(workdir, create=False)
-        with exclusive(_lockfile(git), str(git.workdir)):  # it may move the upstream branch
+        with exclusive(lockfile(git), str(git.workdir)):  # it may move the upstream branch
             guard_no_rebase(git)
             run_on(git)
     else:
@@ -586,11 +416,11 @@ def update_blobs(project_root: Path, workdir: Path) -> dict[str, str]:
 
     project = Project.load(project_root)
     git = open_workdir(workdir, create=False)
-    with exclusive(_lockfile(git), str(git.workdir)):
+    with exclusive(lockfile(git), str(git.workdir)):
         guard_no_rebase(git)
-        base = git.rev(up.UPSTREAM_BRANCH)
+        base = git.rev(UPSTREAM_BRANCH)
         if not base:
-            raise SglpatchError(f"{workdir} has no {up.UPSTREAM_BRANCH} branch; run `sglpatch apply` first")
+            raise SglpatchError(f"{workdir} has no {UPSTREAM_BRANCH} branch; run `sglpatch apply` first")
         blobs = touched_blobs(git, base, project.patches)
         project.lock.blobs = blobs
         write_lock(project_root, project.lock)
@@ -600,7 +430,7 @@ def update_blobs(project_root: Path, workdir: Path) -> dict[str, str]:
 def carried(project_root: Path, workdir: Path) -> list[str]:
     """'name: subject' of every patch on upstream..patched, in order (for the end of apply)."""
     git = open_workdir(workdir, create=False)
-    base, head = git.rev(up.UPSTREAM_BRANCH), git.rev(PATCHED_BRANCH)
+    base, head = git.rev(UPSTREAM_BRANCH), git.rev(PATCHED_BRANCH)
     if not base or not head:
         return []
     names = read_series(project_root).names

@@ -26,12 +26,12 @@ import time
 from pathlib import Path
 
 from sglpatch.errors import SglpatchError, say
-from sglpatch.fsutil import crashpoint, no_link, tmp_prefix
+from sglpatch.fsutil import crashpoint, tmp_prefix
 from sglpatch.gitcmd import Git, last_line, validate_ref, validate_url
 from sglpatch import artifacts
 from sglpatch.lock import UNKNOWN_COMMIT, Lock, LockError
+from sglpatch.workdir import UPSTREAM_BRANCH, pin_key, scratch_dir
 
-UPSTREAM_BRANCH = "upstream"
 PIN_TRAILER = "Sglpatch-Pin"
 
 
@@ -71,30 +71,6 @@ def _safe_extract(tarball: Path, dest: Path) -> str:
         if m:
             commit = m.group(1)
     return commit
-
-
-SCRATCH = "sglpatch-tmp"
-
-
-def _scratch_hint(git: Git) -> str:
-    return f"sglpatch keeps its scratch files inside {git.workdir / '.git'}: remove the link and re-run"
-
-
-def clear_scratch(git: Git) -> None:
-    """Remove the scratch files a killed run left (the caller holds DIR's lock)."""
-    d = no_link(git.workdir / ".git" / SCRATCH, _scratch_hint(git))
-    shutil.rmtree(d, ignore_errors=True)
-
-
-def scratch_dir(git: Git) -> str | None:
-    """Where temporary files for this workdir go: inside its .git, so that a kill cannot leave
-    anything outside the workdir (stale ones are removed by the next apply, under its lock)."""
-    dotgit = git.workdir / ".git"
-    if not dotgit.is_dir():
-        return None
-    d = no_link(dotgit / SCRATCH, _scratch_hint(git))
-    d.mkdir(exist_ok=True)
-    return str(d)
 
 
 def _commit_tree(git: Git, tree_root: Path, message: str) -> str:
@@ -214,7 +190,7 @@ def upstream_pin(git: Git, branch: str = UPSTREAM_BRANCH) -> str | None:
     m = re.search(rf"^{PIN_TRAILER}: ([0-9a-f]{{64}})$", msg, re.M)
     if m:
         return m.group(1)
-    recorded = (git.config_get(f"sglpatch.pin-{branch.replace('/', '-')}") or "").split()
+    recorded = (git.config_get(pin_key(branch)) or "").split()
     if len(recorded) == 2 and recorded[1] == git.rev(branch):
         return recorded[0]
     return None
@@ -259,7 +235,7 @@ def materialize(
     git.update_ref(f"refs/heads/{branch}", commit, message=f"sglpatch: upstream {lock.describe()} from {source}")
     crashpoint("materialize:ref")
     if source == "git":
-        git.config_set(f"sglpatch.pin-{branch.replace('/', '-')}", f"{lock.pin_digest()} {commit}")
+        git.config_set(pin_key(branch), f"{lock.pin_digest()} {commit}")
     say(f"upstream {lock.describe()} ready from {source} in {time.monotonic() - t0:.1f}s")
     return commit
 

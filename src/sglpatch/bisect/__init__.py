@@ -34,11 +34,10 @@ from __future__ import annotations
 
 from sglpatch.bisect.command import run_cmd
 from sglpatch.bisect.driver import run
+from sglpatch.workdir import PATCHED_BRANCH, UPSTREAM_BRANCH
 from sglpatch.bisect.model import (
     ENV_COMMIT,
     ENV_PATCH,
-    PATCHED_BRANCH,
-    UPSTREAM_BRANCH,
     BisectError,
     BisectResult,
     PatchRef,

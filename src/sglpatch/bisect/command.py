@@ -14,13 +14,13 @@ from dataclasses import asdict
 from pathlib import Path
 
 from sglpatch import proctree
+from sglpatch.workdir import UPSTREAM_BRANCH
 from sglpatch.bisect.model import (
     ENV_COMMIT,
     ENV_PATCH,
     EXIT_SKIP,
     KILL_GRACE_S,
     SNAPSHOT_EVERY_S,
-    UPSTREAM_BRANCH,
     PatchRef,
     Step,
 )

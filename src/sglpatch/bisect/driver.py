@@ -18,7 +18,8 @@ from pathlib import Path
 
 from sglpatch import exitcodes, proctree
 from sglpatch.bisect.command import describe, estimate, read_steps, run_cmd, say
-from sglpatch.bisect.model import PATCHED_BRANCH, UPSTREAM_BRANCH, BisectError, BisectResult, Step, log2_steps, run_bound
+from sglpatch.workdir import PATCHED_BRANCH, UPSTREAM_BRANCH
+from sglpatch.bisect.model import BisectError, BisectResult, Step, log2_steps, run_bound
 from sglpatch.bisect.report import format_report, write_log
 from sglpatch.bisect.step import raise_interrupt, restore_tracked
 from sglpatch.errors import SglpatchError
@@ -36,7 +37,7 @@ def _series_map(git: Git, project_root: Path | None) -> tuple[dict[str, dict], s
     entries = None
     if project_root is not None:
         try:
-            from sglpatch.stack import Project
+            from sglpatch.project import Project
 
             project = Project.load(project_root)
             entries = list(zip(project.series.entries, project.patches))
@@ -173,7 +174,8 @@ def run(
     err=None,
 ) -> BisectResult:
     """Find the first bad patch; always leaves DIR on patched, clean, no bisect in progress."""
-    from sglpatch.stack import find_project, open_workdir
+    from sglpatch.project import find_project
+    from sglpatch.workdir import lockfile, open_workdir
 
     out = out or sys.stdout.buffer
     err = err or sys.stderr.buffer
@@ -192,7 +194,7 @@ def run(
             project_root = find_project()
         except SglpatchError:
             project_root = None
-    with exclusive(git.workdir / ".git" / "sglpatch.lock", str(git.workdir)):
+    with exclusive(lockfile(git), str(git.workdir)):
         _guard(git)
         good_sha, bad_sha = _resolve(git, good, "good"), _resolve(git, bad, "bad")
         if good_sha == bad_sha:

@@ -10,8 +10,6 @@ from pathlib import Path
 from sglpatch import exitcodes
 from sglpatch.errors import SglpatchError
 
-UPSTREAM_BRANCH = "upstream"  # same names as sglpatch.upstream / sglpatch.stack
-PATCHED_BRANCH = "patched"
 ENV_COMMIT = "SGLPATCH_BISECT_COMMIT"
 ENV_PATCH = "SGLPATCH_BISECT_PATCH"
 KILL_GRACE_S = 5.0  # SIGTERM to the CMD's process group, then SIGKILL after this

@@ -40,19 +40,21 @@ patches/ + series (export), upstream.lock, CHANGELOG.md, the report under
 ``rebase-reports/`` (outcomes and per-patch ``git range-diff``).
 
 Modules, in the order a rebase uses them: ``outcome`` (the words: a patch's status and action,
-the Outcome and its table; errors, exit codes, names), ``target`` (the ``--onto`` pin), ``merge``
-(git helpers: fixed commits, 3-way), ``mergecheck`` (is a clean merge working?), ``upstreamed``
-(is the change already there?), ``resolutions`` (recorded, conflict-keyed), ``plan`` (the plan and
-preparing it: old stack, target, new upstream), ``classify`` (the engine, the dry run), ``state``
-(a real rebase's state folder), ``session`` (a real rebase: stop, continue, abort, finish).
+the Outcome and its table; exit codes, names), ``target`` (the ``--onto`` pin), ``merge`` (git
+helpers: fixed commits, 3-way), ``mergecheck`` (is a clean merge working?), ``upstreamed`` (is the
+change already there?), ``resolutions`` (recorded, conflict-keyed), ``plan`` (preparing the plan:
+old stack, target, new upstream), ``classify`` (the engine, the dry run), ``state`` (what
+DIR/.git/sglpatch-rebase/ holds), ``session`` (a real rebase: stop, continue, abort, finish).
+Outside the package: ``sglpatch.rebaseplan`` (the saved plan's fields and format, its reader,
+RebaseError) and ``sglpatch.workdir`` (the state's place and names, the "rebase in progress"
+check), which the stack commands read without running the rebase.
 """
 
 from sglpatch.rebase.classify import DryRunResult, classify, dry_run
-from sglpatch.rebase.outcome import (
-    EXIT_HUMAN, EXIT_NOTHING, EXIT_UNATTENDED, RESOLUTIONS_DIR, Action, Outcome, RebaseError, RebaseStopped, Status,
-)
+from sglpatch.rebase.outcome import EXIT_HUMAN, EXIT_NOTHING, EXIT_UNATTENDED, RESOLUTIONS_DIR, Action, Outcome, RebaseStopped, Status
 from sglpatch.rebase.resolutions import Recorded, conflict_key, read_resolutions, resolutions_dir, write_resolutions
 from sglpatch.rebase.session import abort, continue_, start
+from sglpatch.rebaseplan import RebaseError
 
 __all__ = [
     "EXIT_HUMAN", "EXIT_NOTHING", "EXIT_UNATTENDED", "RESOLUTIONS_DIR", "Action", "DryRunResult", "Outcome", "RebaseError",

@@ -11,11 +11,14 @@ from sglpatch.errors import SglpatchError, say
 from sglpatch.fsutil import crashpoint, private_tmpdir
 from sglpatch.gitcmd import Git
 from sglpatch.lock import Lock
+from sglpatch.project import Project
 from sglpatch.series import PATCH_DIR, Entry, PatchFile, parse_patch, read_series
 from sglpatch.rebase.outcome import EXIT_HUMAN, EXIT_NOTHING, EXIT_UNATTENDED, RESOLUTIONS_DIR, Action, Outcome, Status, table
 from sglpatch.rebase import mergecheck
 from sglpatch.rebase.merge import commit_like, conflict_regions, failing_hunks, three_way
-from sglpatch.rebase.plan import Plan, in_sync_stack, new_plan, prepare
+from sglpatch.rebase.plan import in_sync_stack, new_plan, prepare
+from sglpatch.rebaseplan import Plan
+from sglpatch.workdir import open_workdir
 from sglpatch.rebase.upstreamed import upstream_evidence
 from sglpatch.rebase.resolutions import Recorded, rerere, conflict_key, lenient_resolutions, read_resolutions
 
@@ -152,7 +155,7 @@ def run_steps(git: Git, plan: Plan, dry_run: bool, lenient: bool = False) -> lis
 def classify(git: Git, project_root: Path, old_base: str, old_commits: list[str], new_lock: Lock, onto: str, source: str) -> list[Outcome]:
     """Classify every patch of the project's series on `onto` (dry run; the watch calls this
     once per release with the old stack built once). git must hold all of these objects."""
-    project = stack.Project.load(project_root)
+    project = Project.load(project_root)
     plan = new_plan(project_root, project, source, new_lock, old_base, old_commits, onto)
     return run_steps(git, plan, dry_run=True, lenient=True)
 
@@ -179,7 +182,7 @@ def dry_run(
 
 def _dry_run(project_root: Path, workdir: Path | None, onto: str, source: str, commit: str | None, url: str | None) -> DryRunResult:
     project_root = Path(project_root).resolve()
-    project = stack.Project.load(project_root)
+    project = Project.load(project_root)
     with private_tmpdir("watch") as tmp:
         scratch = Path(tmp) / "repo"
         scratch.mkdir()
@@ -187,7 +190,7 @@ def _dry_run(project_root: Path, workdir: Path | None, onto: str, source: str, c
         sg.run("init", "-q", "--bare")
         in_sync = None
         if workdir is not None and (Path(workdir) / ".git").is_dir():
-            dg = stack.open_workdir(Path(workdir), create=False)
+            dg = open_workdir(Path(workdir), create=False)
             in_sync = in_sync_stack(dg, project)
             if in_sync is not None:
                 objects = (Path(workdir) / ".git" / "objects").resolve()

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from sglpatch import upstream as up
 from sglpatch.gitcmd import Git, last_line
 from sglpatch.series import PatchFile, hunks_by_path, parse_patch
-from sglpatch.rebase.outcome import RebaseError
+from sglpatch.rebaseplan import RebaseError
+from sglpatch.workdir import scratch_dir
 
 
 # --------------------------------------------------------------------------------------
@@ -84,7 +84,7 @@ def new_sides_present(git: Git, head: str, patch: PatchFile, strip: int) -> bool
 
 
 def reverse_applies(git: Git, head: str, data: bytes, strip: int) -> bool:
-    with git.temp_index(head, scratch=up.scratch_dir(git), prefix="rb") as (env, tmp):
+    with git.temp_index(head, scratch=scratch_dir(git), prefix="rb") as (env, tmp):
         pf = tmp / "patch"
         pf.write_bytes(data)
         rc, _, _ = git.run("apply", "--cached", "-R", "--check", f"-p{strip}", "--", str(pf), env=env, check=False)

@@ -1,6 +1,7 @@
 """What a rebase says of each patch: its status on the new upstream and the action taken (the
-words the watch's cells use too), the per-patch Outcome and its table; the rebase's errors,
-exit codes and names (folders, refs)."""
+words the watch's cells use too), the per-patch Outcome and its table; RebaseStopped, exit
+codes and the project's names (RebaseError is sglpatch.rebaseplan's, the workdir's names are
+sglpatch.workdir's)."""
 
 from __future__ import annotations
 
@@ -14,17 +15,11 @@ from sglpatch.errors import SglpatchError
 RESOLUTIONS_DIR = "resolutions"
 REPORTS_DIR = "rebase-reports"
 CHANGELOG = "CHANGELOG.md"
-STATE_DIR = "sglpatch-rebase"
-REF_PREFIX = "refs/sglpatch/rebase"
 
 # dry-run exit codes (sglpatch.exitcodes; errors stay 1)
 EXIT_NOTHING = exitcodes.OK  # every patch applies exactly
 EXIT_UNATTENDED = exitcodes.OK  # work, but `rebase` does it alone (3-way, drops, recorded resolutions): the watch's verdict too
 EXIT_HUMAN = exitcodes.HUMAN  # a conflict or an obsolete patch without a recorded resolution
-
-
-class RebaseError(SglpatchError):
-    pass
 
 
 class RebaseStopped(SglpatchError):

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import hashlib
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from sglpatch import stack, treecache
@@ -15,38 +14,13 @@ from sglpatch.errors import say
 from sglpatch.gitcmd import Git
 from sglpatch.lock import Lock
 from sglpatch.rebase import target
-from sglpatch.rebase.outcome import RebaseError
+from sglpatch.project import Project
+from sglpatch.rebaseplan import Plan, RebaseError
+from sglpatch.workdir import PATCHED_BRANCH, UPSTREAM_BRANCH, recorded
 from sglpatch.rebase.resolutions import read_resolutions
 
 
-PLAN_FORMAT = 1  # of the saved Plan (state.json); state.load refuses any other, with the way out
-
-
-@dataclass
-class Plan:
-    """Everything a rebase needs, saved as state between --continue calls (state.json).
-    A change to its fields that an older sglpatch cannot read raises PLAN_FORMAT."""
-
-    project: str
-    source: str
-    old_lock: str  # dumps
-    new_lock: str  # dumps (blobs filled at the end)
-    old_base: str
-    old_commits: list[str]
-    names: list[str]
-    strips: list[int]
-    sha256s: list[str]
-    onto: str
-    head: str
-    next: int = 0
-    outcomes: list[dict] = field(default_factory=list)
-    hand: dict[str, str] = field(default_factory=dict)  # name -> "replace"/"drop" resolved during this rebase
-    orig: dict = field(default_factory=dict)
-    stopped: dict = field(default_factory=dict)
-    format: int = PLAN_FORMAT
-
-
-def new_plan(project_root: Path, project: stack.Project, source: str, new_lock: Lock, old_base: str, old_commits: list[str],
+def new_plan(project_root: Path, project: Project, source: str, new_lock: Lock, old_base: str, old_commits: list[str],
              onto: str) -> Plan:
     """The plan of moving the project's series from old_base (its commits old_commits) onto onto."""
     return Plan(
@@ -64,13 +38,13 @@ def new_plan(project_root: Path, project: stack.Project, source: str, new_lock: 
     )
 
 
-def in_sync_stack(git: Git, project: stack.Project) -> tuple[str, list[str]] | None:
+def in_sync_stack(git: Git, project: Project) -> tuple[str, list[str]] | None:
     """(upstream, commits) of DIR when it holds exactly the project's series on its pin."""
-    base = git.rev(up.UPSTREAM_BRANCH)
-    head = git.rev(stack.PATCHED_BRANCH)
+    base = git.rev(UPSTREAM_BRANCH)
+    head = git.rev(PATCHED_BRANCH)
     if not base or not head or up.upstream_pin(git) != project.lock.pin_digest():
         return None
-    rec_digest, rec_head = stack._recorded(git)
+    rec_digest, rec_head = recorded(git)
     if rec_head != head or rec_digest != project.digest(base):
         return None
     commits = git.commits(base, head)
@@ -89,7 +63,7 @@ def prepare(git: Git, project_root: Path, onto: str, source: str, commit: str | 
             cached: bool = False) -> Plan:
     """cached (dry runs): registry trees come from the tree cache (sglpatch.treecache), which git
     (a scratch repository) then borrows; a real rebase commits them into the workdir."""
-    project = stack.Project.load(project_root)
+    project = Project.load(project_root)
     source = target.resolve_source(project.lock, onto, source, url)
     registry = treecache.registry_commit if cached else up.build_registry
     if in_sync is None:

@@ -13,7 +13,8 @@ from sglpatch.errors import SglpatchError, say
 from sglpatch.fsutil import inside, write_if_changed
 from sglpatch.gitcmd import Git
 from sglpatch.series import check_name
-from sglpatch.rebase.outcome import Outcome, RESOLUTIONS_DIR, RebaseError
+from sglpatch.rebase.outcome import Outcome, RESOLUTIONS_DIR
+from sglpatch.rebaseplan import RebaseError
 
 
 # --------------------------------------------------------------------------------------

@@ -11,19 +11,20 @@ from dataclasses import asdict
 from pathlib import Path
 
 from sglpatch import stack
-from sglpatch import upstream as up
 from sglpatch.errors import say
 from sglpatch.fsutil import crashpoint, exclusive, journal, tmp_prefix, write_if_changed
 from sglpatch.gitcmd import Git
 from sglpatch.lock import Lock, write_lock
+from sglpatch.project import Project
+from sglpatch.rebaseplan import Plan, RebaseError
 from sglpatch.series import PATCH_DIR
-from sglpatch.rebase.outcome import (
-    CHANGELOG, DROPPED, REF_PREFIX, REPORTS_DIR, RESOLUTIONS_DIR, Action, Outcome, RebaseError, RebaseStopped, table,
-)
+from sglpatch.workdir import (APPLIED_KEY, BACKUP_PREFIX, PATCHED_BRANCH, REBASE_REF_PREFIX, REBASE_STATE_FILE, UPSTREAM_BRANCH, clear_scratch,
+                              lockfile, open_workdir, pin_key, rebase_state_dir, record, scratch_dir)
+from sglpatch.rebase.outcome import CHANGELOG, DROPPED, REPORTS_DIR, RESOLUTIONS_DIR, Action, Outcome, RebaseStopped, table
 from sglpatch.rebase.merge import commit_like
 from sglpatch.rebase.resolutions import Recorded, read_resolutions, write_resolutions
 from sglpatch.rebase.classify import run_steps
-from sglpatch.rebase.plan import Plan, in_sync_stack, prepare
+from sglpatch.rebase.plan import in_sync_stack, prepare
 from sglpatch.rebase import state
 
 
@@ -55,20 +56,20 @@ def start(
     project_root: Path, workdir: Path, onto: str, source: str = "sdist", commit: str | None = None, url: str | None = None
 ) -> list[str]:
     project_root = Path(project_root).resolve()
-    project = stack.Project.load(project_root)
-    git = stack.open_workdir(Path(workdir), create=False)
-    saved = state.state_dir(git) / "state.json"
+    project = Project.load(project_root)
+    git = open_workdir(Path(workdir), create=False)
+    saved = rebase_state_dir(git) / REBASE_STATE_FILE
     if saved.is_file():
         raise RebaseError(_in_progress(git))
     # the whole rebase, its finishing step included, holds DIR's lock: an --abort or an export
     # from another shell is refused instead of working on half-moved branches
-    with exclusive(stack._lockfile(git), str(git.workdir)):
+    with exclusive(lockfile(git), str(git.workdir)):
         if saved.is_file():
             raise RebaseError(_in_progress(git))
-        if state.state_dir(git).exists():  # a rebase killed before it saved state.json: it had changed nothing yet
-            say(f"removing {state.state_dir(git)} left by a killed rebase (no state saved in it: nothing to resume)")
-            shutil.rmtree(state.state_dir(git))
-        up.clear_scratch(git)  # left by a killed run
+        if rebase_state_dir(git).exists():  # a rebase killed before it saved state.json: it had changed nothing yet
+            say(f"removing {rebase_state_dir(git)} left by a killed rebase (no state saved in it: nothing to resume)")
+            shutil.rmtree(rebase_state_dir(git))
+        clear_scratch(git)  # left by a killed run
         state.check_project(project_root, [".", PATCH_DIR, REPORTS_DIR])  # before anything: a read-only project
         dirty = git.dirty_files()
         if dirty:
@@ -85,16 +86,16 @@ def start(
         plan.orig = {
             "branch": branch,
             "head": git.head_commit(),
-            "upstream": git.rev(up.UPSTREAM_BRANCH),
-            "patched": git.rev(stack.PATCHED_BRANCH),
-            "applied": git.config_get(stack.APPLIED_KEY),
+            "upstream": git.rev(UPSTREAM_BRANCH),
+            "patched": git.rev(PATCHED_BRANCH),
+            "applied": git.config_get(APPLIED_KEY),
         }
         new_lock = Lock.parse(plan.new_lock, "target")
         state.check_project(project_root, _project_dirs(plan, project.lock, new_lock))
-        state.state_dir(git).mkdir(parents=True, exist_ok=True)
+        rebase_state_dir(git).mkdir(parents=True, exist_ok=True)
         state.snapshot(git, project_root, new_lock.version, _report_name(project.lock, new_lock))
         state.save_orig(git, plan.orig, project_root)
-        git.update_ref(f"{REF_PREFIX}/onto", plan.onto, message="sglpatch rebase: new upstream")
+        git.update_ref(f"{REBASE_REF_PREFIX}/onto", plan.onto, message="sglpatch rebase: new upstream")
         crashpoint("rebase:snapshot")
         state.save(git, plan)  # from here on a rebase is in progress: --continue / --abort
         crashpoint("rebase:saved")
@@ -110,7 +111,7 @@ def _project_dirs(plan: Plan, old_lock: Lock, new_lock: Lock) -> list[str]:
 
 def _drive(git: Git, plan: Plan) -> list[str]:
     outcomes = run_steps(git, plan, dry_run=False)
-    git.update_ref(f"{REF_PREFIX}/head", plan.head, message="sglpatch rebase: progress")
+    git.update_ref(f"{REBASE_REF_PREFIX}/head", plan.head, message="sglpatch rebase: progress")
     state.save(git, plan)
     crashpoint("rebase:progress")
     if outcomes and outcomes[-1].action == Action.STOP and plan.next < len(plan.names):
@@ -123,7 +124,7 @@ def _stop(git: Git, plan: Plan, o: Outcome) -> list[str]:
     data = stack.format_patch(git, plan.old_commits[i])
     git.run("checkout", "-q", "--detach", plan.head)
     crashpoint("rebase:stop:checkout")
-    with tempfile.TemporaryDirectory(prefix=tmp_prefix("rb"), dir=up.scratch_dir(git)) as tmp:
+    with tempfile.TemporaryDirectory(prefix=tmp_prefix("rb"), dir=scratch_dir(git)) as tmp:
         pf = Path(tmp) / "patch"
         pf.write_bytes(data)
         rc, out, err = git.run("apply", "--3way", "--index", f"-p{plan.strips[i]}", "--whitespace=nowarn", "--", str(pf), check=False)
@@ -149,9 +150,9 @@ def _stop(git: Git, plan: Plan, o: Outcome) -> list[str]:
 
 
 def continue_(workdir: Path, skip: bool = False) -> list[str]:
-    git = stack.open_workdir(Path(workdir), create=False)
+    git = open_workdir(Path(workdir), create=False)
     state.load(git)  # the one-line answer when there is nothing to continue (or its state is damaged)
-    with exclusive(stack._lockfile(git), str(git.workdir)):
+    with exclusive(lockfile(git), str(git.workdir)):
         plan = state.load(git)  # again, under the lock: an --abort may have ended it meanwhile
         if not plan.stopped:  # the process was killed before it stopped or finished: resume
             if git.current_branch() is None and git.head_commit() == plan.head:
@@ -204,24 +205,24 @@ def _resolved(git: Git, plan: Plan, skip: bool) -> None:
 
 
 def abort(workdir: Path) -> list[str]:
-    git = stack.open_workdir(Path(workdir), create=False)
-    with exclusive(stack._lockfile(git), str(git.workdir)):
-        if not (state.state_dir(git) / "state.json").exists():
+    git = open_workdir(Path(workdir), create=False)
+    with exclusive(lockfile(git), str(git.workdir)):
+        if not (rebase_state_dir(git) / REBASE_STATE_FILE).exists():
             state.load(git)  # says why there is nothing to abort
         orig, project = state.load_orig(git)  # also when state.json is damaged
         # files first (HEAD may be detached at the new stack), then refs, then HEAD
         git.run("reset", "-q", "--hard", orig["head"])
-        git.update_ref(f"refs/heads/{up.UPSTREAM_BRANCH}", orig["upstream"], message="sglpatch rebase --abort")
-        git.update_ref(f"refs/heads/{stack.PATCHED_BRANCH}", orig["patched"], message="sglpatch rebase --abort")
+        git.update_ref(f"refs/heads/{UPSTREAM_BRANCH}", orig["upstream"], message="sglpatch rebase --abort")
+        git.update_ref(f"refs/heads/{PATCHED_BRANCH}", orig["patched"], message="sglpatch rebase --abort")
         if orig.get("branch"):
             git.run("symbolic-ref", "HEAD", f"refs/heads/{orig['branch']}")
         git.run("reset", "-q", "--hard", orig["head"])
         if orig.get("applied"):
-            git.config_set(stack.APPLIED_KEY, orig["applied"])
+            git.config_set(APPLIED_KEY, orig["applied"])
         for ref in ("onto", "head"):
-            git.run("update-ref", "-d", f"{REF_PREFIX}/{ref}", check=False)
+            git.run("update-ref", "-d", f"{REBASE_REF_PREFIX}/{ref}", check=False)
         kept = state.restore(git, project)
-        shutil.rmtree(state.state_dir(git))
+        shutil.rmtree(rebase_state_dir(git))
     lines = [f"rebase aborted: {git.workdir} and {project} are back as they were"]
     if kept:
         lines.append(f"kept what you changed in {project} during the rebase (the rebase did not write it): " + ", ".join(kept))
@@ -309,24 +310,24 @@ def _finish_journaled(git: Git, plan: Plan) -> list[str]:
     report_name = _report_name(old_lock, new_lock)
     # 1. DIR: backups, then the branches
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    git.update_ref(f"{stack.BACKUP_PREFIX}/{stamp}-pre-rebase-upstream", plan.orig["upstream"], message="sglpatch rebase")
-    git.update_ref(f"{stack.BACKUP_PREFIX}/{stamp}-pre-rebase-patched", plan.orig["patched"], message="sglpatch rebase")
+    git.update_ref(f"{BACKUP_PREFIX}/{stamp}-pre-rebase-upstream", plan.orig["upstream"], message="sglpatch rebase")
+    git.update_ref(f"{BACKUP_PREFIX}/{stamp}-pre-rebase-patched", plan.orig["patched"], message="sglpatch rebase")
     crashpoint("rebase:finish:backup")
-    git.update_ref(f"refs/heads/{up.UPSTREAM_BRANCH}", new_base, message=f"sglpatch rebase: {new_lock.describe()}")
+    git.update_ref(f"refs/heads/{UPSTREAM_BRANCH}", new_base, message=f"sglpatch rebase: {new_lock.describe()}")
     crashpoint("rebase:finish:upstream")
     if plan.source == "git":
-        git.config_set(f"sglpatch.pin-{up.UPSTREAM_BRANCH}", f"{new_lock.pin_digest()} {new_base}")
-    if git.current_branch() == stack.PATCHED_BRANCH:
+        git.config_set(pin_key(UPSTREAM_BRANCH), f"{new_lock.pin_digest()} {new_base}")
+    if git.current_branch() == PATCHED_BRANCH:
         git.run("reset", "-q", "--keep", new_head)
-        git.update_ref(f"refs/heads/{stack.PATCHED_BRANCH}", new_head, message="sglpatch rebase")
+        git.update_ref(f"refs/heads/{PATCHED_BRANCH}", new_head, message="sglpatch rebase")
     else:
-        git.update_ref(f"refs/heads/{stack.PATCHED_BRANCH}", new_head, message="sglpatch rebase")
-        git.run("checkout", "-q", stack.PATCHED_BRANCH)
+        git.update_ref(f"refs/heads/{PATCHED_BRANCH}", new_head, message="sglpatch rebase")
+        git.run("checkout", "-q", PATCHED_BRANCH)
     crashpoint("rebase:finish:patched")
     # 2. report (before export, which deletes dropped patch files)
     report_dir = project_root / REPORTS_DIR / report_name
     rd = _range_diff(git, plan, new_base, new_head)
-    snap = state.state_dir(git) / "project" / "files"
+    snap = rebase_state_dir(git) / "project" / "files"
     for o in outcomes:
         if o.action in DROPPED:
             # from the snapshot: a killed earlier finish may have exported (removed) it already
@@ -373,24 +374,24 @@ def _finish_project(git, plan, outcomes, old_lock, new_lock, new_base, report_di
     project_root = Path(plan.project)
     res = stack.export_locked(project_root, git)  # this rebase holds DIR's lock
     crashpoint("rebase:finish:export")
-    project = stack.Project.load(project_root)
+    project = Project.load(project_root)
     new_lock.blobs = stack.touched_blobs(git, new_base, project.patches)
     write_lock(project_root, new_lock)
     crashpoint("rebase:finish:lock")
     rel = str(report_dir.relative_to(project_root)) + "/report.md"
-    before = state.state_dir(git) / "project" / "files" / CHANGELOG
+    before = rebase_state_dir(git) / "project" / "files" / CHANGELOG
     _insert_changelog(
         project_root,
         _changelog_section(old_lock, new_lock, plan.source, outcomes, rel),
         before.read_text(encoding="utf-8") if before.is_file() else "",
     )
     crashpoint("rebase:finish:changelog")
-    stack._record(git, project.digest(new_base), git.rev(stack.PATCHED_BRANCH))
+    record(git, project.digest(new_base), git.rev(PATCHED_BRANCH))
     crashpoint("rebase:finish:recorded")
     for ref in ("onto", "head"):
-        git.run("update-ref", "-d", f"{REF_PREFIX}/{ref}", check=False)
-    (state.state_dir(git) / "state.json").unlink()  # first: a kill in the rmtree leaves nothing to resume
-    shutil.rmtree(state.state_dir(git))
+        git.run("update-ref", "-d", f"{REBASE_REF_PREFIX}/{ref}", check=False)
+    (rebase_state_dir(git) / REBASE_STATE_FILE).unlink()  # first: a kill in the rmtree leaves nothing to resume
+    shutil.rmtree(rebase_state_dir(git))
     lines = [f"rebased onto {new_lock.describe()}"] + table(outcomes)
     lines.append(f"exported: {len(res.written)} written, {len(res.unchanged)} unchanged, {len(res.removed)} removed")
     lines.append(f"report: {rel}; CHANGELOG.md and upstream.lock updated (commit them)")

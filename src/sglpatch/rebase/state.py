@@ -1,9 +1,10 @@
 """A real rebase's state in DIR/.git/sglpatch-rebase/: the plan (state.json), where DIR and the
 project were before (orig.json), the project's files before (project/), and the journal of what
-the finishing step wrote in the project (written.json), which is what --abort undoes.
+the finishing step wrote in the project (written.json), which is what --abort undoes. Where the
+folder is, and whether a rebase is in progress (state.json is there), is sglpatch.workdir's.
 
     state.json     the Plan, saved after every step (--continue goes on from it); its "format"
-                   (plan.PLAN_FORMAT, now 1) must be this sglpatch's, else it is refused
+                   (rebaseplan.PLAN_FORMAT, now 1) must be this sglpatch's, else it is refused
     orig.json      DIR's branch, HEAD, upstream, patched, applied record, and the project path
     project/       manifest.json + files/: the project files the rebase may write, as they were
     written.json   {path: sha256 written | null (removed)}, each entry recorded before the write
@@ -11,7 +12,6 @@ the finishing step wrote in the project (written.json), which is what --abort un
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import os
@@ -19,106 +19,24 @@ import tempfile
 from dataclasses import asdict
 from pathlib import Path
 
-from sglpatch.fsutil import inside, no_link, read_journal, write_if_changed
+from sglpatch.fsutil import inside, read_journal, write_if_changed
 from sglpatch.gitcmd import Git
-from sglpatch.rebase.plan import PLAN_FORMAT, Plan
-from sglpatch.rebase.outcome import CHANGELOG, REPORTS_DIR, RESOLUTIONS_DIR, RebaseError, STATE_DIR
+from sglpatch import rebaseplan
+from sglpatch.rebase.outcome import CHANGELOG, REPORTS_DIR, RESOLUTIONS_DIR
+from sglpatch.rebaseplan import Plan, RebaseError
 from sglpatch.series import PATCH_DIR, SERIES_NAME
-
-_TYPES = {"str": str, "int": int, "list": list, "dict": dict}
-
-
-def state_dir(git: Git) -> Path:
-    return no_link(git.workdir / ".git" / STATE_DIR, f"sglpatch keeps a rebase's state inside {git.workdir / '.git'}: remove the link and re-run")
-
+from sglpatch.workdir import REBASE_STATE_FILE, rebase_state_dir
 
 def journal_file(git: Git) -> Path:
-    return state_dir(git) / "written.json"
+    return rebase_state_dir(git) / "written.json"
 
 
 def save(git: Git, plan: Plan) -> None:
-    write_if_changed(state_dir(git) / "state.json", json.dumps(asdict(plan), indent=1, sort_keys=True).encode())
-
-
-def _damaged(git: Git, f: Path, why: str) -> RebaseError:
-    wd = git.workdir
-    return RebaseError(
-        f"{f} is damaged ({why}): the rebase cannot go on from it; `sglpatch rebase --workdir {wd} --abort` "
-        f"puts {wd} and the project back as they were"
-    )
-
-
-def _other_format(git: Git, f: Path, got) -> RebaseError:
-    wd = git.workdir
-    which = "no format number (an older sglpatch)" if got is None else f"format {json.dumps(got)}"
-    return RebaseError(
-        f"{f} has {which}, and this sglpatch reads format {PLAN_FORMAT} only: `sglpatch rebase --workdir {wd} --abort` "
-        f"puts {wd} and the project back as they were (or finish it with the sglpatch that started it, "
-        f"or delete {f.parent}, which forgets the rebase without restoring anything)"
-    )
-
-
-def plan_from(data) -> Plan:
-    """A Plan from state.json's JSON, every key known and of its type (ValueError otherwise)."""
-    if not isinstance(data, dict):
-        raise ValueError("not a JSON object")
-    fields = {f.name: f for f in dataclasses.fields(Plan)}
-    unknown = sorted(set(data) - set(fields))
-    if unknown:
-        raise ValueError(f"unknown key {unknown[0]!r}")
-    for name, f in fields.items():
-        if name not in data:
-            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-                raise ValueError(f"missing key {name!r}")
-            continue
-        kind, _, inner = str(f.type).partition("[")
-        value = data[name]
-        if not isinstance(value, _TYPES[kind]) or isinstance(value, bool):
-            raise ValueError(f"{name} is not a {kind}")
-        item = _TYPES.get(inner.rstrip("]").split(",")[0].strip())
-        if kind == "list" and item and not all(isinstance(x, item) and not isinstance(x, bool) for x in value):
-            raise ValueError(f"{name} holds something that is not a {inner.rstrip(']')}")
-    plan = Plan(**data)
-    n = len(plan.names)
-    if len(plan.strips) != n or len(plan.sha256s) != n or len(plan.old_commits) != n or not 0 <= plan.next <= n:
-        raise ValueError("its lists do not agree with each other")
-    if plan.stopped and not (isinstance(plan.stopped.get("index"), int) and 0 <= plan.stopped["index"] < n
-                             and isinstance(plan.stopped.get("outcome"), dict) and isinstance(plan.stopped.get("files"), list)):
-        raise ValueError("its stop record is not one")
-    return plan
+    write_if_changed(rebase_state_dir(git) / REBASE_STATE_FILE, json.dumps(asdict(plan), indent=1, sort_keys=True).encode())
 
 
 def load(git: Git) -> Plan:
-    f = state_dir(git) / "state.json"
-    if not f.is_file():
-        if state_dir(git).exists():  # a rebase killed before it saved its state: nothing to resume or restore
-            raise RebaseError(
-                f"no rebase to resume in {git.workdir}: one was killed before it changed anything; "
-                "re-run `sglpatch rebase --onto ...`, which clears what it left"
-            )
-        raise RebaseError(f"no rebase in progress in {git.workdir}")
-    try:
-        text = f.read_text(encoding="utf-8")
-        data = json.loads(text)
-        if isinstance(data, dict) and data.get("format") != PLAN_FORMAT:
-            raise _other_format(git, f, data.get("format"))
-        return plan_from(data)
-    except (OSError, UnicodeDecodeError) as e:
-        raise _damaged(git, f, str(e)) from None
-    except ValueError as e:
-        raise _damaged(git, f, "empty" if not text.strip() else str(e)) from None
-
-
-def in_progress(git: Git) -> str:
-    """'' when no rebase is in progress in DIR; else where it is, in a few words (a damaged
-    state raises the line that says how to get out)."""
-    if not (state_dir(git) / "state.json").exists():
-        return ""
-    plan = load(git)
-    if plan.stopped:
-        i = plan.stopped["index"]
-        return f"stopped at patch {i + 1}/{len(plan.names)} ({plan.names[i]}) for you"
-    return "its process was interrupted (killed?) before it finished"
+    return rebaseplan.load(rebase_state_dir(git) / REBASE_STATE_FILE, git.workdir)
 
 
 # --------------------------------------------------------------------------------------
@@ -126,12 +44,12 @@ def in_progress(git: Git) -> str:
 
 
 def save_orig(git: Git, orig: dict, project_root: Path) -> None:
-    write_if_changed(state_dir(git) / "orig.json", json.dumps({"orig": orig, "project": str(project_root)}, indent=1).encode())
+    write_if_changed(rebase_state_dir(git) / "orig.json", json.dumps({"orig": orig, "project": str(project_root)}, indent=1).encode())
 
 
 def load_orig(git: Git) -> tuple[dict, Path]:
     """(orig, project) for --abort: from orig.json, which a damaged state.json does not touch."""
-    f = state_dir(git) / "orig.json"
+    f = rebase_state_dir(git) / "orig.json"
     try:
         data = json.loads(f.read_text())
         if isinstance(data, dict) and isinstance(data.get("orig"), dict) and isinstance(data.get("project"), str):
@@ -180,7 +98,7 @@ def _files_under(project_root: Path, rel: str) -> list[str]:
 def snapshot(git: Git, project_root: Path, version: str, report_name: str) -> None:
     import shutil
 
-    snap = state_dir(git) / "project"
+    snap = rebase_state_dir(git) / "project"
     if snap.exists():
         shutil.rmtree(snap)
     snap.mkdir(parents=True)
@@ -207,7 +125,7 @@ def restore(git: Git, project_root: Path) -> list[str]:
     returns what of the user's it kept (added or changed during the rebase), one entry each."""
     import shutil
 
-    snap = state_dir(git) / "project"
+    snap = rebase_state_dir(git) / "project"
     manifest = json.loads((snap / "manifest.json").read_text())
     present = set(manifest["present"])
     written = read_journal(journal_file(git))

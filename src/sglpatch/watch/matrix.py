@@ -22,6 +22,7 @@ from sglpatch.errors import SglpatchError, say
 from sglpatch.fsutil import private_tmpdir
 from sglpatch.gitcmd import Git
 from sglpatch.lock import UNKNOWN_COMMIT, Lock
+from sglpatch.project import Project
 from sglpatch.rebase.outcome import Action, Status
 from sglpatch.watch import depwatch, supersede
 
@@ -103,7 +104,7 @@ def _cell(o: rebase.Outcome, version: str) -> Cell:
     return Cell(Status.CONFLICT, text, details, o.action == Action.STOP)
 
 
-def newer_than_pins(project_root: Path, project: stack.Project, cg: Git, item: tuple, deps: dict[str, str]) -> tuple[dict, list[dict]]:
+def newer_than_pins(project_root: Path, project: Project, cg: Git, item: tuple, deps: dict[str, str]) -> tuple[dict, list[dict]]:
     """The newest release of each pinned dependency, and for deps/newer.toml's packages what it
     changes of what the release (item: the newest watched one) uses."""
     newest = {}
@@ -179,7 +180,7 @@ def _classify(items: list[tuple]) -> list[Row]:
 _CTX: dict = {}
 
 
-def _inputs(project_root: Path, project: stack.Project, old_base: str, old_commits: list[str], git: Git) -> str:
+def _inputs(project_root: Path, project: Project, old_base: str, old_commits: list[str], git: Git) -> str:
     """Everything a release's classification depends on besides the release's own tree: the
     series and its patches, the recorded resolutions, the old stack, and the code that
     classifies (sglpatch's own sources, pyflakes, Python, git). A run with the same inputs
@@ -217,7 +218,7 @@ def run(project_root: Path, releases: str | None = None, jobs: int | None = None
 
 def _run(project_root: Path, releases: str | None, jobs: int | None, recheck: bool) -> dict:
     project_root = Path(project_root).resolve()
-    project = stack.Project.load(project_root)
+    project = Project.load(project_root)
     lock = project.lock
     versions = _parse_range(releases, lock.name, lock.version)
     if not versions:

@@ -1,0 +1,43 @@
+"""The project: upstream.lock + series + patches/, read together (and found from a folder)."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+
+from sglpatch import exitcodes
+from sglpatch.errors import SglpatchError
+from sglpatch.lock import Lock, read_lock
+from sglpatch.series import SERIES_NAME, PatchFile, Series, read_patch, read_series
+
+
+@dataclass
+class Project:
+    root: Path
+    lock: Lock
+    series: Series
+    patches: list[PatchFile]
+
+    @classmethod
+    def load(cls, root: Path) -> "Project":
+        root = Path(root)
+        lock = read_lock(root)
+        series = read_series(root)
+        patches = [read_patch(root, e) for e in series.entries]
+        return cls(root=root, lock=lock, series=series, patches=patches)
+
+    def digest(self, upstream_commit: str) -> str:
+        h = hashlib.sha256(upstream_commit.encode())
+        for entry, patch in zip(self.series.entries, self.patches):
+            h.update(f"\0{entry.name}\0{entry.strip}\0".encode())
+            h.update(hashlib.sha256(patch.data).digest())
+        return h.hexdigest()
+
+
+def find_project(start: Path | None = None) -> Path:
+    here = Path(start or Path.cwd()).resolve()
+    for d in (here, *here.parents):
+        if (d / SERIES_NAME).is_file() and (d / "upstream.lock").is_file():
+            return d
+    raise SglpatchError("no sglpatch project here (no series + upstream.lock in this folder or above); pass --project DIR", exitcodes.USAGE)

@@ -1,0 +1,225 @@
+"""The workdir DIR: the one owner of what sglpatch keeps there and of every name it uses for it.
+
+    branch upstream          the pinned tree (sglpatch.upstream builds it)
+    branch patched           one commit per series entry (sglpatch.stack builds it)
+    refs/sglpatch/backup/    earlier heads, kept by apply --force and by a rebase
+    refs/sglpatch/rebase/    a rebase's commits while it runs
+    config sglpatch.managed  "true": DIR was made by sglpatch (set last, when the set-up is complete)
+    config sglpatch.applied  "<series digest> <patched head>" of the last apply / export
+    config sglpatch.first-checkout   set while the first checkout into a fresh DIR runs
+    config sglpatch.pin-<branch>     "<pin digest> <commit>" of a branch built from git
+    config sglpatch.installed-python the interpreter apply last installed the tree into
+    .git/sglpatch.lock       DIR's lock: one command at a time
+    .git/sglpatch-tmp/       scratch files, inside .git so that a kill leaves nothing outside DIR
+    .git/sglpatch-rebase/    a rebase's state (sglpatch.rebase.state; its plan, state.json: sglpatch.rebaseplan)
+
+Everyone else asks this module for these names; nobody copies them.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from sglpatch import rebaseplan
+from sglpatch.errors import SglpatchError
+from sglpatch.fsutil import crashpoint, no_link
+from sglpatch.gitcmd import Git
+
+UPSTREAM_BRANCH = "upstream"
+PATCHED_BRANCH = "patched"
+MANAGED_KEY = "sglpatch.managed"
+APPLIED_KEY = "sglpatch.applied"
+CHECKOUT_KEY = "sglpatch.first-checkout"  # set while the first checkout into a fresh workdir runs
+BACKUP_PREFIX = "refs/sglpatch/backup"
+INSTALLED_KEY = "sglpatch.installed-python"  # the interpreter the tree was last installed into (sglpatch.install)
+REBASE_REF_PREFIX = "refs/sglpatch/rebase"
+SCRATCH = "sglpatch-tmp"
+REBASE_STATE_DIR = "sglpatch-rebase"
+REBASE_STATE_FILE = "state.json"  # in REBASE_STATE_DIR: there while a rebase is in progress
+_EXCLUDES = ("*.egg-info/", "__pycache__/", "*.pyc", "/python/build/", "*.so")
+
+
+def pin_key(branch: str) -> str:
+    """The config key that records the pin of a branch built from git."""
+    return f"sglpatch.pin-{branch.replace('/', '-')}"
+
+
+# --------------------------------------------------------------------------------------
+# making and opening DIR
+
+
+def open_workdir(workdir: Path, create: bool) -> Git:
+    workdir = Path(workdir).expanduser().absolute()
+    if workdir.exists() and not workdir.is_dir():
+        raise SglpatchError(f"{workdir} exists and is not a directory; choose another --workdir")
+    if not workdir.exists() or (workdir.is_dir() and not any(workdir.iterdir())):
+        if not create:
+            raise SglpatchError(f"{workdir} is not set up yet; run `sglpatch apply --workdir {workdir}` first")
+        workdir.mkdir(parents=True, exist_ok=True)
+        git = Git(workdir)
+        git.run("init", "-q", f"--initial-branch={PATCHED_BRANCH}")
+        crashpoint("init")
+        _finish_init(git)
+        return git
+    git = Git(workdir)
+    if not git.is_repo():
+        raise SglpatchError(f"{workdir} is not empty and not a git repository made by sglpatch; choose another --workdir")
+    if git.config_get(MANAGED_KEY) != "true" and create and _is_bare_init(git):
+        # an earlier run was stopped between `git init` and marking the repository as ours:
+        # nothing is in it (no ref, no file), so finishing the set-up cannot lose anything
+        _finish_init(git)
+    if git.config_get(MANAGED_KEY) != "true":
+        raise SglpatchError(
+            f"{workdir} is a git repository not made by sglpatch; refusing to touch it (choose an empty --workdir)"
+        )
+    return git
+
+
+def _finish_init(git: Git) -> None:
+    exclude = git.workdir / ".git" / "info" / "exclude"
+    exclude.parent.mkdir(parents=True, exist_ok=True)
+    header = "# build outputs of the editable install (sglpatch)\n"
+    if header not in (exclude.read_text() if exclude.exists() else ""):
+        with open(exclude, "a") as f:
+            f.write(header + "\n".join(_EXCLUDES) + "\n")
+    git.config_set(MANAGED_KEY, "true")  # last: marks the set-up complete
+
+
+def _is_bare_init(git: Git) -> bool:
+    """A repository exactly as `git init` left it: no refs, HEAD unborn, no file beside .git."""
+    if any(p.name != ".git" for p in git.workdir.iterdir()):
+        return False
+    return git.head_commit() is None and git.run("for-each-ref", "--count=1") == ""
+
+
+def lockfile(git: Git) -> Path:
+    """DIR's lock file (fsutil.exclusive on it: one sglpatch command at a time in DIR)."""
+    return git.workdir / ".git" / "sglpatch.lock"
+
+
+# --------------------------------------------------------------------------------------
+# DIR's checkout: may it move, and moving it
+
+
+def guard_movable(git: Git) -> None:
+    """Refuse to move DIR's checkout (apply) while git works there, while it has uncommitted
+    changes, or while HEAD is detached or on a branch that is not ours."""
+    index_lock = git.workdir / ".git" / "index.lock"
+    if index_lock.exists():
+        raise SglpatchError(
+            f"{index_lock} exists: a git command is running in {git.workdir}, or one was killed; "
+            "if no git is running there, remove that file and re-run; nothing was changed"
+        )
+    dirty = git.dirty_files()
+    if dirty and git.head_commit() is None and git.config_get(CHECKOUT_KEY):
+        dirty = []  # the first checkout into this fresh workdir was interrupted; apply finishes it
+    if dirty:
+        shown = ", ".join(dirty[:3]) + (f" and {len(dirty) - 3} more" if len(dirty) > 3 else "")
+        raise SglpatchError(
+            f"{git.workdir} has uncommitted changes ({shown}); commit them on {PATCHED_BRANCH} and run "
+            "`sglpatch export`, or `git stash` them; nothing was changed"
+        )
+    branch = git.current_branch()
+    if branch is None:
+        raise SglpatchError(
+            f"HEAD in {git.workdir} is detached at {git.head_commit()[:12]}; put your work on a branch, then "
+            f"`git -C {git.workdir} checkout {PATCHED_BRANCH}` and re-run"
+        )
+    if branch not in (PATCHED_BRANCH, UPSTREAM_BRANCH) and git.head_commit() is not None:
+        raise SglpatchError(f"{git.workdir} is on branch {branch!r}; `git -C {git.workdir} checkout {PATCHED_BRANCH}` and re-run")
+
+
+def move_patched(git: Git, new_head: str, old_head: str | None) -> None:
+    """Move branch patched (and DIR's checkout, when on it) from old_head to new_head; the first
+    checkout into a fresh DIR is marked (CHECKOUT_KEY), so that a killed one is finished next time."""
+    branch = git.current_branch()
+    if branch == PATCHED_BRANCH and old_head is not None:
+        git.run("reset", "-q", "--keep", new_head)
+    elif branch == PATCHED_BRANCH:  # unborn: fresh workdir; refuses to overwrite untracked files
+        if git.config_get(CHECKOUT_KEY):
+            # our own first checkout was killed half-way (HEAD still unborn): finish it
+            git.run("read-tree", "--reset", "-u", new_head)
+        else:
+            git.config_set(CHECKOUT_KEY, new_head)
+            empty_tree = git.run("hash-object", "-t", "tree", "--stdin", input=b"")
+            git.run("read-tree", "-m", "-u", empty_tree, new_head)
+        crashpoint("apply:checkout")
+        git.update_ref(f"refs/heads/{PATCHED_BRANCH}", new_head, message="sglpatch apply")
+        git.run("config", "--local", "--unset", CHECKOUT_KEY)
+    else:
+        git.update_ref(f"refs/heads/{PATCHED_BRANCH}", new_head, old_head, message="sglpatch apply")
+        git.run("checkout", "-q", PATCHED_BRANCH)
+
+
+# --------------------------------------------------------------------------------------
+# what the last apply / export recorded
+
+
+def recorded(git: Git) -> tuple[str | None, str | None]:
+    """(series digest, patched head) of the last apply / export; (None, None) if none."""
+    val = (git.config_get(APPLIED_KEY) or "").split()
+    return (val[0], val[1]) if len(val) == 2 else (None, None)
+
+
+def record(git: Git, digest: str, head: str) -> None:
+    git.config_set(APPLIED_KEY, f"{digest} {head}")
+
+
+# --------------------------------------------------------------------------------------
+# scratch files
+
+
+def _scratch_hint(git: Git) -> str:
+    return f"sglpatch keeps its scratch files inside {git.workdir / '.git'}: remove the link and re-run"
+
+
+def clear_scratch(git: Git) -> None:
+    """Remove the scratch files a killed run left (the caller holds DIR's lock)."""
+    d = no_link(git.workdir / ".git" / SCRATCH, _scratch_hint(git))
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def scratch_dir(git: Git) -> str | None:
+    """Where temporary files for this workdir go: inside its .git, so that a kill cannot leave
+    anything outside the workdir (stale ones are removed by the next apply, under its lock)."""
+    dotgit = git.workdir / ".git"
+    if not dotgit.is_dir():
+        return None
+    d = no_link(dotgit / SCRATCH, _scratch_hint(git))
+    d.mkdir(exist_ok=True)
+    return str(d)
+
+
+# --------------------------------------------------------------------------------------
+# a rebase in progress
+
+
+def rebase_state_dir(git: Git) -> Path:
+    return no_link(git.workdir / ".git" / REBASE_STATE_DIR,
+                   f"sglpatch keeps a rebase's state inside {git.workdir / '.git'}: remove the link and re-run")
+
+
+def rebase_in_progress(git: Git) -> str:
+    """'' when no rebase is in progress in DIR; else where it is, in a few words (a damaged
+    state raises the line that says how to get out)."""
+    f = rebase_state_dir(git) / REBASE_STATE_FILE
+    if not f.exists():
+        return ""
+    plan = rebaseplan.load(f, git.workdir)
+    if plan.stopped:
+        i = plan.stopped["index"]
+        return f"stopped at patch {i + 1}/{len(plan.names)} ({plan.names[i]}) for you"
+    return "its process was interrupted (killed?) before it finished"
+
+
+def guard_no_rebase(git: Git) -> None:
+    """Refuse to read or write the stack while a rebase is in progress in DIR (stopped for the
+    user, or killed half-way: its branches and the project may be half moved)."""
+    detail = rebase_in_progress(git)
+    if detail:
+        wd = git.workdir
+        raise SglpatchError(
+            f"a rebase is in progress in {wd} ({detail}); finish it with `sglpatch rebase --workdir {wd} --continue`, "
+            "or undo it with `--abort`, then re-run"
+        )
