@@ -86,6 +86,17 @@ def commits_match(a: str, b: str) -> bool:
     return bool(a) and bool(b) and (a.startswith(b) or b.startswith(a))
 
 
+def _registry_commit(git: Git, root: Path, lock: Lock, kind: str, extracted: str) -> str:
+    """The upstream commit of a registry artifact's tree; its message names the artifact and the pin."""
+    message = (
+        f"{lock.name} {lock.version} from the registry {kind}\n\n"
+        f"{kind} {lock.sdist_filename} sha256 {lock.sdist_sha256}, {extracted} under {lock.sdist_subdir}/;\n"
+        f"upstream {lock.url} {lock.tag} ({lock.commit}).\n\n"
+        f"Sglpatch-Source: {kind}\n{PIN_TRAILER}: {lock.pin_digest()}\n"
+    )
+    return _commit_tree(git, root, message)
+
+
 def build_from_sdist(git: Git, lock: Lock, python: str | None = None) -> str:
     tarball = artifacts.fetch_sdist(lock, python)
     with tempfile.TemporaryDirectory(prefix=tmp_prefix("sdist"), dir=scratch_dir(git)) as tmp:
@@ -105,13 +116,7 @@ def build_from_sdist(git: Git, lock: Lock, python: str | None = None) -> str:
             raise LockError(
                 f"upstream.lock: field upstream.commit ({lock.commit}) does not match the sdist's _version.py commit ({sdist_commit})"
             )
-        message = (
-            f"{lock.name} {lock.version} from the registry sdist\n\n"
-            f"sdist {lock.sdist_filename} sha256 {lock.sdist_sha256}, extracted under {lock.sdist_subdir}/;\n"
-            f"upstream {lock.url} {lock.tag} ({lock.commit}).\n\n"
-            f"Sglpatch-Source: sdist\n{PIN_TRAILER}: {lock.pin_digest()}\n"
-        )
-        return _commit_tree(git, root, message)
+        return _registry_commit(git, root, lock, "sdist", "extracted")
 
 
 def build_from_wheel(git: Git, lock: Lock, python: str | None = None) -> str:
@@ -129,13 +134,7 @@ def build_from_wheel(git: Git, lock: Lock, python: str | None = None) -> str:
         recorded = artifacts.recorded_commit(path)
         if recorded and lock.commit != UNKNOWN_COMMIT and not commits_match(recorded, lock.commit):
             raise LockError(f"upstream.lock: field upstream.commit ({lock.commit}) does not match the wheel's _version.py commit ({recorded})")
-        message = (
-            f"{lock.name} {lock.version} from the registry wheel\n\n"
-            f"wheel {lock.sdist_filename} sha256 {lock.sdist_sha256}, sglang/ extracted under {lock.sdist_subdir}/;\n"
-            f"upstream {lock.url} {lock.tag} ({lock.commit}).\n\n"
-            f"Sglpatch-Source: wheel\n{PIN_TRAILER}: {lock.pin_digest()}\n"
-        )
-        return _commit_tree(git, root, message)
+        return _registry_commit(git, root, lock, "wheel", "sglang/ extracted")
 
 
 def build_registry(git: Git, lock: Lock, python: str | None = None) -> str:
