@@ -37,8 +37,9 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT, git
-from sglpatch import artifacts, stack
-from sglpatch.lock import read_lock, write_lock
+from sglpatch import stack
+from sglpatch.cachedir import cache_dir
+from sglpatch.lock import read_lock, sha256_file, write_lock
 from sglpatch.workdir import SCRATCH
 
 SUBJECT_1 = "version: say that the fallback is for a build"
@@ -99,7 +100,7 @@ def golden(tmp_path_factory, sdist_059):
     stack.update_blobs(proj, wd)
     assert stack.apply(proj, wd, source="sdist").changed is False
     assert len((proj / "series").read_text().split(".patch")) == 3
-    cache = artifacts.cache_dir()
+    cache = cache_dir()
     return {"project": proj, "fork": wd, "cache": cache, "cache_listing": sdist_cache(cache)}
 
 
@@ -1044,7 +1045,7 @@ def test_interrupted_or_tampered_sdist_download(fresh, sdist_059, mode):
         index.mode = "full"
         done = ok(c.apply(env=env))
         assert "  pip: Collecting sglang==0.5.9" in done.stderr  # the download shows progress
-        assert artifacts.sha256_file(cache / "sdist" / "sglang-0.5.9.tar.gz") == read_lock(c.project).sdist_sha256
+        assert sha256_file(cache / "sdist" / "sglang-0.5.9.tar.gz") == read_lock(c.project).sdist_sha256
         c.in_sync()
     finally:
         index.close()

@@ -281,14 +281,14 @@ def test_rebase_dry_run_onto_a_wheel_only_release_names_the_wheel(tool, home, tm
 
 
 def test_rebase_onto_a_release_that_does_not_exist_names_the_nearest(tool, home, tmp_path):
-    from sglpatch import artifacts
+    from sglpatch import pkgindex
 
     proc = run_fresh(["bash", SCRIPTS / "rebase.sh", "--onto", "0.5.99", "--dry-run", "--workdir", tmp_path / "none"], home, tool.venv)
     assert proc.returncode == exitcodes.USAGE, proc.stdout + proc.stderr
     errors = [line for line in proc.stderr.splitlines() if line.startswith("sglpatch: error:")]
     from packaging.version import Version
 
-    known = artifacts.releases("sglang")
+    known = pkgindex.releases("sglang")
     below, above = [r for r in known if Version(r) < Version("0.5.99")][-2:], [r for r in known if Version(r) > Version("0.5.99")][:2]
     newest = f" ({below[-1]} is the newest)" if not above else ""
     assert errors == [f"sglpatch: error: sglang 0.5.99 is not a release on the index; the nearest: {', '.join(below + above)}{newest}"]

@@ -16,7 +16,7 @@ import uuid
 import pytest
 
 from conftest import ROOT, copy_project, sglpatch
-from sglpatch import artifacts, rebase, series, treecache, watch
+from sglpatch import artifacts, pkgindex, rebase, series, treecache, watch
 from sglpatch import upstream as up
 from sglpatch.gitcmd import Git
 from sglpatch.lock import UNKNOWN_COMMIT, Lock
@@ -47,11 +47,11 @@ def p2() -> series.PatchFile:
 
 
 def test_index_lists_wheel_only_releases():
-    assert artifacts.kinds_offered("sglang", SDIST)[0] == "sdist"
-    assert artifacts.kinds_offered("sglang", WHEEL) == ["wheel"]
-    art = artifacts.choose("sglang", WHEEL, "wheel")
+    assert pkgindex.kinds_offered("sglang", SDIST)[0] == "sdist"
+    assert pkgindex.kinds_offered("sglang", WHEEL) == ["wheel"]
+    art = pkgindex.choose("sglang", WHEEL, "wheel")
     assert art.filename.endswith("-cp311-cp311-manylinux_2_34_x86_64.whl") and len(art.sha256) == 64
-    assert NEWEST in artifacts.releases("sglang", after="0.5.9")
+    assert NEWEST in pkgindex.releases("sglang", after="0.5.9")
 
 
 def test_wheel_tree_placement(trees, tmp_path):
@@ -67,7 +67,7 @@ def test_wheel_tree_placement(trees, tmp_path):
     g = Git(tmp_path / "wd")
     (tmp_path / "wd").mkdir()
     g.run("init", "-q")
-    art = artifacts.choose("sglang", WHEEL, "wheel")
+    art = pkgindex.choose("sglang", WHEEL, "wheel")
     lock = Lock("sglang", "https://github.com/sgl-project/sglang", f"v{WHEEL}", UNKNOWN_COMMIT, WHEEL, art.filename, art.sha256, "python")
     lock.validate()
     built = up.build_from_wheel(g, lock)
@@ -84,7 +84,7 @@ def test_tampered_cached_artifact_is_refused(tmp_path, monkeypatch):
     with open(fake, "ab") as f:
         f.write(b"\0")
     before = fake.read_bytes()
-    with pytest.raises(artifacts.ArtifactError) as e:
+    with pytest.raises(pkgindex.ArtifactError) as e:
         artifacts.fetch("sglang", WHEEL, "wheel")
     msg = str(e.value)
     assert "\n" not in msg and art.filename in msg and art.sha256 in msg
@@ -223,19 +223,19 @@ def test_hostile_index_entries_are_ignored_and_nothing_leaves_the_cache(tmp_path
     threading.Thread(target=srv.serve_forever, daemon=True).start()
     monkeypatch.setenv("PIP_INDEX_URL", f"http://127.0.0.1:{srv.server_port}/simple")
     monkeypatch.setenv("SGLPATCH_CACHE", str(tmp_path / "cache"))
-    artifacts.index_url.cache_clear()
-    artifacts.index_files.cache_clear()
+    pkgindex.index_url.cache_clear()
+    pkgindex.index_files.cache_clear()
     try:
-        listed = artifacts.index_files("hostile")
+        listed = pkgindex.index_files("hostile")
         assert [a.filename for a in listed] == ["hostile-0.9.2.tar.gz"]
-        assert artifacts.releases("hostile") == ["0.9.2"]
+        assert pkgindex.releases("hostile") == ["0.9.2"]
         art, path = artifacts.fetch("hostile", "0.9.2", "sdist")
         assert path.read_bytes() == good and (tmp_path / "cache") in path.parents
         assert not (tmp_path / "escaped-0.9.1.tar.gz").exists() and not list(tmp_path.rglob("escaped*"))
     finally:
         srv.shutdown()
-        artifacts.index_url.cache_clear()
-        artifacts.index_files.cache_clear()
+        pkgindex.index_url.cache_clear()
+        pkgindex.index_files.cache_clear()
 
 
 # --------------------------------------------------------------------------------------
@@ -323,7 +323,7 @@ def test_watch_shows_the_newest_dependency_releases_and_what_they_change(trees, 
     assert res.returncode == 0, res.stdout + res.stderr
     data = json.loads((tmp_path / "w.json").read_text())
     newest = data["newest_deps"]
-    assert set(newest) == set(watch.DEPS) and newest["sglang-kernel"] == artifacts.releases("sglang-kernel")[-1]
+    assert set(newest) == set(watch.DEPS) and newest["sglang-kernel"] == pkgindex.releases("sglang-kernel")[-1]
     assert any(line.startswith("  newest ") and f"flashinfer {newest['flashinfer-python']}" in line for line in res.stdout.splitlines())
     (fi,) = [n for n in data["newer"] if n["dist"] == "flashinfer-python"]
     assert fi["pin"] == "==0.7.2" and fi["release"] == NEWEST and fi["newest"] == newest["flashinfer-python"] != "0.7.2"

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from sglpatch import toml
-from sglpatch import artifacts
+from sglpatch import pkgindex
 from sglpatch.errors import SglpatchError
 
 
@@ -121,7 +121,7 @@ def _find(name: str, pin: str, entry: Local, cuda: tuple[int, int]) -> tuple[str
     """(tag, index) of the highest CUDA 12.x <= cuda build of name==pin on entry's indexes."""
     for tag in _tags(entry, cuda):
         index = entry.index.replace("{tag}", tag)
-        if any(a.version == f"{pin}+{tag}" and a.kind == "wheel" for a in artifacts.files_at(index, name)):
+        if any(a.version == f"{pin}+{tag}" and a.kind == "wheel" for a in pkgindex.files_at(index, name)):
             return tag, index
     return None
 

@@ -24,7 +24,8 @@ import re
 import time
 from pathlib import Path
 
-from sglpatch import artifacts
+from sglpatch import artifacts, pkgindex
+from sglpatch.cachedir import cache_dir, cache_subdir
 from sglpatch import upstream as up
 from sglpatch.errors import SglpatchError, say
 from sglpatch.fsutil import clean_stale_tmp, crashpoint, private_tmpdir
@@ -36,9 +37,9 @@ TREE_REF = "refs/sglpatch/trees"
 
 def cache_repo() -> Git:
     clean_stale_tmp()  # what a killed watch or dry run left in TMPDIR
-    path = artifacts.cache_dir() / "trees.git"
+    path = cache_dir() / "trees.git"
     if not (path / "HEAD").exists():
-        artifacts.cache_subdir("trees.git")
+        cache_subdir("trees.git")
         Git(path).run("init", "-q", "--bare")
     return Git(path)
 
@@ -151,7 +152,7 @@ def registry_commit(git: Git, lock: Lock, python: str | None = None) -> str:
     cg = cache_repo()
     commit = tree_commit(cg, lock.artifact_kind, path, lock.sdist_sha256, lock.sdist_subdir)
     rc, text, _ = cg.run("cat-file", "blob", f"{commit}:{lock.sdist_subdir}/sglang/_version.py", check=False, strip=False)
-    recorded = artifacts._version_py_commit(text) if rc == 0 else ""
+    recorded = artifacts.version_py_commit(text) if rc == 0 else ""
     if recorded and lock.commit != UNKNOWN_COMMIT and not up.commits_match(recorded, lock.commit):
         raise LockError(
             f"upstream.lock: field upstream.commit ({lock.commit}) does not match the {lock.artifact_kind}'s _version.py commit ({recorded})"
@@ -161,13 +162,13 @@ def registry_commit(git: Git, lock: Lock, python: str | None = None) -> str:
 
 
 def release_tree(cg: Git, name: str, version: str, kind: str, subdir: str = "python",
-                 expect_sha256: str | None = None) -> tuple[artifacts.Artifact, str, dict]:
+                 expect_sha256: str | None = None) -> tuple[pkgindex.Artifact, str, dict]:
     """(artifact, cached tree commit, metadata) of a release, for the watch. Warm, nothing is
     read from the artifact: its tree and metadata are the ones cached under the sha256 the
     index publishes now (they were made from a file verified against it). Otherwise the
     artifact is fetched and verified (artifacts.fetch), unpacked and its metadata kept.
     metadata: requires_dist, requires_python, commit (what _version.py records, or '')."""
-    art = artifacts.choose(name, version, kind)
+    art = pkgindex.choose(name, version, kind)
     if art is None or not re.fullmatch(r"[0-9a-f]{64}", art.sha256) or (expect_sha256 and expect_sha256 != art.sha256):
         art, path = artifacts.fetch(name, version, kind, expect_sha256=expect_sha256)  # raises the one-line error
     commit = cached(cg, art.sha256, art.filename)
@@ -188,7 +189,7 @@ def release_tree(cg: Git, name: str, version: str, kind: str, subdir: str = "pyt
 
 
 def _facts_path(kind: str, oid: str) -> Path:
-    return artifacts.cache_dir() / "trees.git" / "facts" / kind / f"{oid}.json"
+    return cache_dir() / "trees.git" / "facts" / kind / f"{oid}.json"
 
 
 def load_facts(kind: str, oid: str) -> dict:

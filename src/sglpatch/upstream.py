@@ -29,6 +29,7 @@ from sglpatch.errors import SglpatchError, say
 from sglpatch.fsutil import crashpoint, tmp_prefix
 from sglpatch.gitcmd import Git, last_line, validate_ref, validate_url
 from sglpatch import artifacts
+from sglpatch.cachedir import cache_dir
 from sglpatch.lock import UNKNOWN_COMMIT, Lock, LockError
 from sglpatch.workdir import UPSTREAM_BRANCH, pin_key, scratch_dir
 
@@ -147,7 +148,7 @@ def build_from_git(git: Git, lock: Lock, url: str | None = None) -> str:
     tag = validate_ref(lock.tag, "tag")
     if lock.commit == UNKNOWN_COMMIT:
         raise SglpatchError(f"upstream.lock records no commit for {tag} (the release records none); use --source sdist or wheel")
-    mirror = artifacts.cache_dir() / "git" / (re.sub(r"[^A-Za-z0-9._-]+", "_", url.rstrip("/"))[-80:] + ".git")
+    mirror = cache_dir() / "git" / (re.sub(r"[^A-Za-z0-9._-]+", "_", url.rstrip("/"))[-80:] + ".git")
     if not (mirror / "HEAD").exists():
         mirror.mkdir(parents=True, exist_ok=True)
         Git(mirror).run("init", "--bare", "-q")

@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 import tempfile
 
-from sglpatch import artifacts, exitcodes
+from sglpatch import artifacts, exitcodes, pkgindex
 from sglpatch.errors import SglpatchError, say
 from sglpatch.gitcmd import Git, validate_ref, validate_url
 from sglpatch.lock import UNKNOWN_COMMIT, Lock, LockError
@@ -48,7 +48,7 @@ def choose_source(url: str, tag: str, name: str, version: str, timeout: float = 
     ok, why = source_reachable(url, tag, timeout=timeout)
     if ok:
         return "git", why
-    offered = artifacts.kinds_offered(name, version)
+    offered = pkgindex.kinds_offered(name, version)
     if "sdist" in offered:
         return "sdist", f"{why}; the registry has the sdist of {version}"
     if "wheel" in offered:
@@ -75,7 +75,7 @@ def no_release(name: str, version: str, what: str, each_side: int = 2) -> Sglpat
     from packaging.version import InvalidVersion, Version
 
     try:
-        known, v = artifacts.releases(name), Version(version)
+        known, v = pkgindex.releases(name), Version(version)
     except (InvalidVersion, SglpatchError):
         return SglpatchError(what)
     if version in known:
@@ -130,13 +130,13 @@ def target_lock(
     if recorded.get("version", version) != version:
         raise SglpatchError(f"recorded target pin is for version {recorded['version']}, not {version}")
     tag = recorded.get("tag", tag)
-    kinds = artifacts.kinds_offered(current.name, version)
+    kinds = pkgindex.kinds_offered(current.name, version)
     if not kinds:
         raise no_release(current.name, version, f"the registry offers no sdist and no usable wheel of {current.name} {version}")
     kind = "wheel" if source == "wheel" or "sdist" not in kinds else "sdist"
     if kind not in kinds:
         raise SglpatchError(f"the registry offers no {kind} of {current.name} {version} (it has: {', '.join(kinds)})")
-    art = artifacts.choose(current.name, version, kind)
+    art = pkgindex.choose(current.name, version, kind)
     if recorded.get("sdist_sha256") and kind == "sdist" and recorded["sdist_sha256"] != art.sha256:
         raise LockError(f"{art.filename}: the recorded sha256 {recorded['sdist_sha256']} is not the one the index publishes ({art.sha256})")
     lock = Lock(

@@ -16,7 +16,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from sglpatch import artifacts, rebase, stack, treecache
+from sglpatch import artifacts, pkgindex, rebase, stack, treecache
 from sglpatch import upstream as up
 from sglpatch.errors import SglpatchError, say
 from sglpatch.fsutil import private_tmpdir
@@ -50,7 +50,7 @@ class Row:
     verdict: str  # nothing | unattended | human
 
 
-def _release_lock(current: Lock, version: str, art: artifacts.Artifact, commit: str) -> Lock:
+def _release_lock(current: Lock, version: str, art: pkgindex.Artifact, commit: str) -> Lock:
     return Lock(name=current.name, url=current.url, tag=f"v{version}", commit=commit or UNKNOWN_COMMIT, version=version,
                 sdist_filename=art.filename, sdist_sha256=art.sha256, sdist_subdir=current.sdist_subdir)
 
@@ -75,7 +75,7 @@ def pins(requires_dist: list[str], requires_python: str, version: str, name: str
         if dist in DEPS:
             out[dist] = (m.group(3).split(";")[0].strip().strip("()") or "any")
     out["python"] = requires_python or "?"
-    tags = sorted({a.filename[:-4].split("-")[-3] for a in artifacts.index_files(name) if a.version == version and a.kind == "wheel"})
+    tags = sorted({a.filename[:-4].split("-")[-3] for a in pkgindex.index_files(name) if a.version == version and a.kind == "wheel"})
     out["tags"] = ",".join(tags) or "-"
     return out
 
@@ -110,8 +110,8 @@ def newer_than_pins(project_root: Path, project: Project, cg: Git, item: tuple, 
     newest = {}
     for d in DEPS:  # a side column: an index that does not answer for one of them costs only its cell
         try:
-            vs = artifacts.releases(d)
-        except artifacts.ArtifactError as e:
+            vs = pkgindex.releases(d)
+        except pkgindex.ArtifactError as e:
             say(f"newest release of {d} unknown: {e}")
             vs = []
         newest[d] = vs[-1] if vs else "?"
@@ -133,7 +133,7 @@ def _parse_range(spec: str | None, name: str, pinned: str) -> list[str]:
     """None: every release after the pin; "A..B": the releases from A to B (either side may be
     empty); "A,B,C": exactly these (each item may itself be a range), ascending, once each."""
     if not spec:
-        return artifacts.releases(name, after=pinned)
+        return pkgindex.releases(name, after=pinned)
     if "," in spec:
         from packaging.version import Version
 
@@ -142,7 +142,7 @@ def _parse_range(spec: str | None, name: str, pinned: str) -> list[str]:
     if ".." not in spec:
         return [spec]
     a, b = spec.split("..", 1)
-    return artifacts.releases(name, first=a or None, upto=b or None, after=None if a else pinned)
+    return pkgindex.releases(name, first=a or None, upto=b or None, after=None if a else pinned)
 
 
 def _classify(items: list[tuple]) -> list[Row]:
@@ -230,7 +230,7 @@ def _run(project_root: Path, releases: str | None, jobs: int | None, recheck: bo
     pinned_deps = pins(pin_meta["requires_dist"], pin_meta["requires_python"], lock.version, lock.name)
     items = []
     for k, v in enumerate(versions, 1):
-        kind = "sdist" if "sdist" in artifacts.kinds_offered(lock.name, v) else "wheel"
+        kind = "sdist" if "sdist" in pkgindex.kinds_offered(lock.name, v) else "wheel"
         say(f"[{k}/{len(versions)}] {lock.name} {v} ({kind})")
         art, onto, meta = treecache.release_tree(cg, lock.name, v, kind, lock.sdist_subdir)
         items.append((v, kind, art, onto, meta))

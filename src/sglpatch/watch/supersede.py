@@ -21,7 +21,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from sglpatch import artifacts, treecache
+from sglpatch import artifacts, pkgindex, treecache
 from sglpatch.errors import SglpatchError
 from sglpatch.gitcmd import Git
 from sglpatch.series import PatchFile
@@ -82,7 +82,7 @@ def pinned_version(spec: str, dist: str) -> str | None:
         ss = SpecifierSet(spec.replace(" ", "")) if spec not in ("", "any") else SpecifierSet()
     except Exception:
         return None
-    ok = [v for v in artifacts.releases(dist) if Version(v) in ss]
+    ok = [v for v in pkgindex.releases(dist) if Version(v) in ss]
     return ok[-1] if ok else None
 
 
@@ -93,7 +93,7 @@ def _defined(text: str, name: str) -> bool:
 def _ships(dist: str, ver: str, member: str, sym: str) -> bool:
     """Whether dist ver's wheel (index-verified) has sym in member; the answer is kept in the
     tree cache's facts under the wheel's sha256, so a warm watch reads no wheel."""
-    art = artifacts.choose(dist, ver, "wheel")
+    art = pkgindex.choose(dist, ver, "wheel")
     sha = art.sha256 if art is not None and re.fullmatch(r"[0-9a-f]{64}", art.sha256) else None
     facts = treecache.load_facts("ships", sha) if sha else {}
     key = f"{member} {sym}"
