@@ -56,4 +56,5 @@ fi
 export SGLPATCH_TEST_VENV_0523="$VENV0523"
 # the venv's tools (uv, black, sglpatch) on PATH, as an activated venv would have them
 export PATH="$(dirname "$(command -v "$PY")"):$PATH"
-exec "$PY" -m pytest -q -p no:cacheprovider "$@"
+# --durations: the slowest tests at the end of the log, where the CI time goes
+exec "$PY" -m pytest -q -p no:cacheprovider --durations=15 "$@"

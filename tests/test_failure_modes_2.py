@@ -505,10 +505,11 @@ def test_malformed_resolutions_toml(tmp_path, rb_golden, kind):
     before_wd = _exact(c.fork)
     refused(_rebase(c), f"resolutions/{T}/resolutions.toml")
     assert _exact(c.fork) == before_wd
-    w = c.run("watch", "--project", str(c.project), "--releases", T)
-    assert w.returncode == 0 and "Traceback" not in w.stderr, w.stdout + w.stderr
-    assert [line for line in w.stderr.splitlines() if "resolutions.toml" in line and "not used" in line], w.stderr
-    assert re.search(rf"^{re.escape(T)} ", w.stdout, re.M), w.stdout
+    for _ in ("classified", "taken from the tree cache"):  # the second run reuses the first's outcomes
+        w = c.run("watch", "--project", str(c.project), "--releases", T)
+        assert w.returncode == 0 and "Traceback" not in w.stderr, w.stdout + w.stderr
+        assert [line for line in w.stderr.splitlines() if "resolutions.toml" in line and "not used" in line], w.stderr
+        assert re.search(rf"^{re.escape(T)} ", w.stdout, re.M), w.stdout
     f.unlink()
     ok(c.apply())
     c.in_sync()

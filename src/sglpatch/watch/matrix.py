@@ -24,6 +24,7 @@ from sglpatch.gitcmd import Git
 from sglpatch.lock import UNKNOWN_COMMIT, Lock
 from sglpatch.project import Project
 from sglpatch.rebase.outcome import Action, Status
+from sglpatch.rebase.resolutions import lenient_resolutions
 from sglpatch.watch import depwatch, supersede
 
 DEPS = ("torch", "flashinfer-python", "sgl-kernel", "sglang-kernel", "transformers")
@@ -156,6 +157,7 @@ def _classify(items: list[tuple]) -> list[Row]:
         key = hashlib.sha256(f"{c['inputs']} {v} {kind} {art.sha256} {meta['commit']} {sg.tree_of(onto)}".encode()).hexdigest()
         done = {} if c["recheck"] else treecache.load_facts("outcomes", key)
         if "outcomes" in done:
+            lenient_resolutions(c["root"], v)  # an unreadable folder says so, as when it was classified
             outcomes = [rebase.Outcome(**d) for d in done["outcomes"]]
         else:
             outcomes = rebase.classify(sg, c["root"], c["old_base"], c["old_commits"], new_lock, onto, kind)
