@@ -15,6 +15,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 import venv
 from pathlib import Path
 
@@ -93,6 +94,16 @@ def patched_tree(tmp_path_factory) -> Path:
     workdir = tmp_path_factory.mktemp("fork") / "sglang-fork"
     stack.apply(ROOT, workdir, source="sdist")
     return workdir
+
+
+def wait_pid(path: Path, timeout: float = 20.0) -> int:
+    """The pid a child process wrote into path, once it has (an AssertionError past timeout)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if path.exists() and path.read_text().strip():
+            return int(path.read_text())
+        time.sleep(0.05)
+    raise AssertionError(f"{path} never written")
 
 
 def make_venv(env_dir: Path) -> Path:

@@ -18,19 +18,11 @@ from pathlib import Path
 
 import psutil
 import pytest
+from conftest import wait_pid
 
 from sglpatch.gpu import doctor, doctor_procs
 
 HOLD = "import os, sys, time\nf = open(sys.argv[1])\nopen(sys.argv[2], 'w').write(str(os.getpid()))\ntime.sleep(600)\n"
-
-
-def wait_pid(path: Path, timeout: float = 20.0) -> int:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if path.exists() and path.read_text().strip():
-            return int(path.read_text())
-        time.sleep(0.05)
-    raise AssertionError(f"{path} never written")
 
 
 def alive(pid: int) -> bool:

@@ -6,9 +6,9 @@ import os
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import psutil
+from conftest import wait_pid
 
 from sglpatch.proctree import Tree
 
@@ -18,15 +18,6 @@ def _gone(pid: int) -> bool:
         return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return True
-
-
-def _wait_for(path: Path, timeout: float = 10.0) -> int:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if path.exists() and path.read_text().strip():
-            return int(path.read_text())
-        time.sleep(0.05)
-    raise AssertionError(f"{path} never written")
 
 
 def test_kill_ends_an_orphan_that_left_the_group_only_because_it_was_seen(tmp_path):
@@ -42,7 +33,7 @@ def test_kill_ends_an_orphan_that_left_the_group_only_because_it_was_seen(tmp_pa
     escaped = None
     try:
         tree = Tree(proc.pid)
-        escaped = _wait_for(pidfile)
+        escaped = wait_pid(pidfile, timeout=10.0)
         tree.snapshot()
         assert escaped in tree.seen
         time.sleep(2.5)  # sh has exited: the sleep is an orphan in another session
