@@ -18,14 +18,15 @@ from pathlib import Path
 
 from sglpatch import exitcodes, proctree
 from sglpatch.bisect.command import describe, estimate, read_steps, run_cmd, say
-from sglpatch.workdir import PATCHED_BRANCH, UPSTREAM_BRANCH
 from sglpatch.bisect.model import BisectError, BisectResult, Step, log2_steps, run_bound
 from sglpatch.bisect.report import format_report, write_log
 from sglpatch.bisect.step import raise_interrupt, restore_tracked
 from sglpatch.errors import SglpatchError
 from sglpatch.fsutil import exclusive
 from sglpatch.gitcmd import Git, last_line, validate_ref
+from sglpatch.project import Project, find_project
 from sglpatch.series import parse_dep3, slug
+from sglpatch.workdir import PATCHED_BRANCH, UPSTREAM_BRANCH, lockfile, open_workdir
 
 
 def _series_map(git: Git, project_root: Path | None) -> tuple[dict[str, dict], str | None, int]:
@@ -37,8 +38,6 @@ def _series_map(git: Git, project_root: Path | None) -> tuple[dict[str, dict], s
     entries = None
     if project_root is not None:
         try:
-            from sglpatch.project import Project
-
             project = Project.load(project_root)
             entries = list(zip(project.series.entries, project.patches))
         except SglpatchError:
@@ -174,8 +173,6 @@ def run(
     err=None,
 ) -> BisectResult:
     """Find the first bad patch; always leaves DIR on patched, clean, no bisect in progress."""
-    from sglpatch.project import find_project
-    from sglpatch.workdir import lockfile, open_workdir
 
     out = out or sys.stdout.buffer
     err = err or sys.stderr.buffer
