@@ -21,7 +21,4 @@ args=("$@")
 have() { local f; for f in "${args[@]}"; do [[ "$f" == "$1" || "$f" == "$1="* ]] && return 0; done; return 1; }
 if ! have --profile; then args+=(--profile "${SGLPATCH_PROFILE:-rtx6000x8-kimi-k25}"); fi
 if ! have --project; then args+=(--project "$SGLPATCH_HOME"); fi  # this checkout, from any cwd
-if command -v sglpatch >/dev/null 2>&1; then
-  exec sglpatch doctor "${args[@]}"
-fi
-PYTHONPATH="$SGLPATCH_HOME/src${PYTHONPATH:+:$PYTHONPATH}" exec "${PYTHON:-python3}" -m sglpatch.gpu.doctor "${args[@]}"
+sglpatch_cmd doctor "${args[@]}"  # the tool's own venv (psutil is there), never the system's python3

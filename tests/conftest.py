@@ -26,6 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # SGLPATCH_REAL_0523 set); not descending into it here keeps its conftest from shadowing this one
 collect_ignore = [] if os.environ.get("SGLPATCH_REAL_0523") else ["real_0523"]
 os.environ.setdefault("SGLPATCH_CACHE", str(Path.home() / ".cache" / "sglpatch"))
+os.environ["SGLPATCH_TEST_HOOKS"] = "1"  # sglpatch.fsutil.crashpoint: the fault hooks work only under the tests
 
 try:  # the GPU tests run on machines without GitPython; they need none of this
     from sglpatch import artifacts, stack  # noqa: E402

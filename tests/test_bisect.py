@@ -115,6 +115,10 @@ CHECK = textwrap.dedent(
         sys.exit(125)
     if mode == "upstream-bad":
         sys.exit(3)
+    if mode == "cannot":
+        sys.exit(125)
+    if mode == "upbad-skip":
+        sys.exit(125 if has(1) else 3)
     if mode == "never":
         sys.exit(0)
     if mode == "hang-all" or (bad_k and has(bad_k)):
@@ -303,3 +307,85 @@ def test_refuses_dirty_or_bisect_in_progress(workdir, check, tmp_path):
     assert proc.returncode == 1 and "bisect is already in progress" in proc.stderr and "bisect reset" in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1 and check.runs() == []
     assert (workdir / ".git" / "BISECT_START").exists()  # the user's bisect is left alone
+
+
+# ----------------------------------------------------------------------------- issue 28: faults 5 and 8
+
+
+@pytest.mark.parametrize("triage", [True, False])
+def test_a_cmd_that_could_not_run_anywhere_gives_no_verdict_and_exit_125(triage, bisect_project, check, tmp_path):
+    project, wd, _ = bisect_project
+    extra = ["--triage"] if triage else []
+    proc = sglpatch("bisect", "--workdir", str(wd), "--project", str(project), *extra, "--log-dir", str(tmp_path / "log"),
+                    "--", *check(wd, "cannot"), cwd=tmp_path)
+    runs = len(check.runs())
+    assert proc.returncode == 125, proc.stdout + proc.stderr
+    assert f"CMD could not run here: all {runs} run(s) exited 125 (125 cannot run here, " in proc.stdout
+    assert "regression is upstream" not in proc.stdout and "first bad" not in proc.stdout
+    assert runs == 2 if triage else runs >= 1
+    assert_restored(wd, git(wd, "rev-parse", "patched"))
+
+
+def test_triage_draws_no_verdict_from_a_full_stack_that_could_not_run(bisect_project, check, tmp_path):
+    """GOOD fails, BAD cannot run: not "regression is upstream ... the full stack passes"."""
+    project, wd, _ = bisect_project
+    res = bisect.run(wd, check(wd, "upbad-skip"), triage=True, project_root=project, log_dir=tmp_path / "log")
+    assert (res.outcome, res.exit_code) == ("inconclusive", 1), res.message
+    assert res.message == f"cannot triage: CMD could not run (exit 125) on {res.steps[1].label}"
+    assert [s.verdict for s in res.steps] == ["bad", "skip"]
+
+
+def test_the_readme_triage_of_regress_sh_on_a_box_without_its_python_exits_125(bisect_project, tmp_path):
+    """Fault 8: `bisect.sh --triage -- scripts/regress.sh --tier kernel` where ~/ml-env is missing."""
+    from conftest import make_venv
+
+    project, wd, _ = bisect_project
+    venv = tmp_path / "tool-venv"
+    make_venv(venv)
+    digest = subprocess.run(["sha256sum"], input=(ROOT / "pyproject.toml").read_bytes(), capture_output=True, check=True)
+    (venv / ".sglpatch-tool").write_text(f"{ROOT} {digest.stdout.split()[0].decode()}\n")
+    home = tmp_path / "home"
+    home.mkdir()
+    env = dict(os.environ, HOME=str(home), SGLPATCH_TOOL_VENV=str(venv), PYTHONPATH=str(ROOT / "src"))
+    env.pop("SGLPATCH_PROFILE", None)
+    proc = subprocess.run(["bash", str(ROOT / "scripts" / "bisect.sh"), "--workdir", str(wd), "--triage", "--timeout", "1800",
+                           "--log-dir", str(tmp_path / "log"), "--", str(ROOT / "scripts" / "regress.sh"), "--tier", "kernel"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 125, proc.stdout + proc.stderr
+    assert "CMD could not run here: all 2 run(s) exited 125" in proc.stdout
+    assert "regression is upstream" not in proc.stdout
+    assert "the profile's [kernel] python ~/ml-env/bin/python3 is not on this machine" in proc.stderr + proc.stdout
+    assert_restored(wd, git(wd, "rev-parse", "patched"))
+
+
+def test_a_killed_bisects_state_is_removed_from_tmpdir_by_the_next_run(workdir, bisect_project, check, tmp_path):
+    """Fault 5: SIGKILL leaves TMPDIR/sglpatch-bisect-PID-* (the environment, tokens included); the next run removes it."""
+    project, _, _ = bisect_project
+    tmpdir = tmp_path / "tmp"
+    tmpdir.mkdir()
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"), TMPDIR=str(tmpdir), SECRET_TOKEN="hf_do_not_keep")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "sglpatch.cli", "bisect", "--workdir", str(workdir), "--project", str(project), "--triage",
+         "--log-dir", str(tmp_path / "log"), "--", *check(workdir, "hang-all")],
+        cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )
+    pids = check.counter.parent / "runs.txt.pids"
+    deadline = time.monotonic() + 30
+    while not (pids.exists() and len(pids.read_text().split()) >= 2):
+        assert proc.poll() is None and time.monotonic() < deadline
+        time.sleep(0.05)
+    left = [p for p in tmpdir.iterdir() if p.name.startswith("sglpatch-bisect-")]
+    assert [p.name.startswith(f"sglpatch-bisect-{proc.pid}-") for p in left] == [True]
+    assert "hf_do_not_keep" in (left[0] / "state.json").read_text()
+    proc.kill()
+    proc.wait()
+    for pid in map(int, pids.read_text().split()):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    git(workdir, "checkout", "-q", "-f", "patched")
+    r = sglpatch("bisect", "--workdir", str(workdir), "--project", str(project), "--log-dir", str(tmp_path / "log2"),
+                 "--", *check(workdir, "never"), cwd=tmp_path, env={"TMPDIR": str(tmpdir)})
+    assert not left[0].exists(), r.stdout + r.stderr
+    assert [p.name for p in tmpdir.iterdir() if p.name.startswith("sglpatch-bisect-")] == []

@@ -269,6 +269,29 @@ def test_regress_cpu_without_ml_env_cannot_run_here(tool, home, tmp_path):
     assert "does not exist" in (_report(tmp_path) / "report.md").read_text()
 
 
+@pytest.mark.parametrize("tier", [["--tier", "kernel"], []])
+def test_regress_kernel_without_ml_env_cannot_run_here_and_blames_no_python_option(tier, tool, home, tmp_path):
+    """Issue 28, fault 7: the profile's [kernel] python is missing and no --python was given: 125, not
+    exit 2 blaming a --python the user never gave (no --tier runs all three: the same)."""
+    proc = run_fresh(["bash", SCRIPTS / "regress.sh", *tier], home, tool.venv, cwd=tmp_path)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == exitcodes.CANNOT_RUN and "Traceback" not in out, out
+    assert ("tier kernel: cannot_run: the profile's [kernel] python ~/ml-env/bin/python3 is not on this machine: "
+            "give --python PATH (a Python with torch and sglang) or set [kernel] python in the profile") in proc.stdout
+    assert "--python: " not in out and "sglpatch: error" not in out
+
+
+def test_doctor_sh_runs_the_tools_venv_not_the_system_python(tool, home, tmp_path):
+    """Issue 28, fault 6: the system python3 has no psutil; doctor.sh runs the tool venv's python."""
+    proc = run_fresh(["bash", SCRIPTS / "doctor.sh", "--no-p2p"], home, tool.venv, cwd=tmp_path)
+    out = proc.stdout + proc.stderr
+    assert "Traceback" not in out and "ModuleNotFoundError" not in out, out
+    assert proc.returncode in (exitcodes.ERROR, exitcodes.CANNOT_RUN) and "\ndoctor: " in out, out
+    bad = run_fresh(["bash", SCRIPTS / "doctor.sh", "--kil-stale"], home, tool.venv, cwd=tmp_path)
+    assert bad.returncode == exitcodes.USAGE and "Traceback" not in bad.stdout + bad.stderr, bad.stderr
+    assert "--kil-stale" in bad.stderr
+
+
 # ----------------------------------------------------------------------------- 7: wording, rebase in a fresh shell
 
 

@@ -226,13 +226,22 @@ def clean_stale_tmp() -> list[str]:
     return removed
 
 
+TEST_HOOKS_VAR = "SGLPATCH_TEST_HOOKS"  # only the test harness sets it (tests/conftest.py)
+
+
 def crashpoint(step: str) -> None:
     """Fault-injection hook for the failure-mode tests: ``SGLPATCH_CRASH_AT=step`` makes the
     process SIGKILL itself here, the way an OOM kill or a power cut would stop it.
 
     ``SGLPATCH_PAUSE_AT=step`` with ``SGLPATCH_PAUSE_FILE=BASE`` is a barrier between two real
     processes: here the process writes ``BASE.reached`` (its pid) and waits until ``BASE.go``
-    exists (at most ``SGLPATCH_PAUSE_TIMEOUT`` seconds, default 300), then goes on."""
+    exists (at most ``SGLPATCH_PAUSE_TIMEOUT`` seconds, default 300), then goes on.
+
+    Both are off unless ``SGLPATCH_TEST_HOOKS=1`` (TEST_HOOKS_VAR) is set too: tests/conftest.py
+    sets it for the test session; a user's shell that has a stray SGLPATCH_CRASH_AT or
+    SGLPATCH_PAUSE_AT left over never kills or stalls a real run."""
+    if os.environ.get(TEST_HOOKS_VAR) != "1":
+        return
     if os.environ.get("SGLPATCH_PAUSE_AT") == step and os.environ.get("SGLPATCH_PAUSE_FILE"):
         base = os.environ["SGLPATCH_PAUSE_FILE"]
         with open(f"{base}.reached.tmp", "w") as f:

@@ -21,6 +21,23 @@ import time
 import psutil
 
 
+def unsafe_group(pgid: int) -> str | None:
+    """Why process group pgid must not be signalled as a group from here, or None. 0 is no group
+    (os.killpg(0) signals the caller's own; getpgid says 0 for a group outside this PID namespace),
+    and neither is ours nor one holding a process we were started from."""
+    if pgid <= 0:
+        return f"its process group ({pgid}) cannot be named from this PID namespace"
+    if pgid == os.getpgrp():
+        return f"its process group {pgid} holds this process"
+    try:
+        for parent in psutil.Process().parents():
+            if os.getpgid(parent.pid) == pgid:
+                return f"its process group {pgid} holds pid {parent.pid}, which started this process"
+    except (psutil.Error, OSError):
+        pass
+    return None
+
+
 class Tree:
     """The process group led by ``pid`` and every descendant seen by :meth:`snapshot`."""
 
@@ -61,10 +78,11 @@ class Tree:
         return out
 
     def signal(self, sig: int) -> None:
-        try:
-            os.killpg(self.pgid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
+        if unsafe_group(self.pgid) is None:  # else the remembered processes only, one by one
+            try:
+                os.killpg(self.pgid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
         for proc in list(self.seen.values()):
             try:
                 proc.send_signal(sig)  # psutil refuses a PID that now belongs to another process

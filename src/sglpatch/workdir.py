@@ -206,6 +206,8 @@ def rebase_in_progress(git: Git) -> str:
     f = rebase_state_dir(git) / REBASE_STATE_FILE
     if not f.exists():
         return ""
+    if (f.parent / "abort.started").is_file():  # sglpatch.rebase.state.ABORT_MARK
+        return f"an --abort of it was interrupted: `sglpatch rebase --workdir {git.workdir} --abort` finishes it"
     plan = rebaseplan.load(f, git.workdir)
     if plan.stopped:
         i = plan.stopped["index"]

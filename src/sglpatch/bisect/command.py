@@ -51,6 +51,9 @@ def _pump(src, sinks) -> None:
         pass
 
 
+NOT_STARTED = {126: "not executable", 127: "command not found"}
+
+
 def run_cmd(
     state: dict,
     commit: str,
@@ -132,6 +135,9 @@ def run_cmd(
             verdict = "good"
         elif rc == EXIT_SKIP:
             verdict = "skip"
+        elif rc in NOT_STARTED:  # the shell's "not executable" / "not found": CMD did not run at all
+            verdict = "skip"
+            note = f"exit {rc}: {NOT_STARTED[rc]}: could not run, counted as skip"
         else:
             verdict = "bad"
             if rc is not None and (rc < 0 or rc >= 128):

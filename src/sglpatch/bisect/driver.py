@@ -22,7 +22,7 @@ from sglpatch.bisect.model import BisectError, BisectResult, Step, log2_steps, r
 from sglpatch.bisect.report import format_report, write_log
 from sglpatch.bisect.step import raise_interrupt, restore_tracked
 from sglpatch.errors import SglpatchError
-from sglpatch.fsutil import exclusive
+from sglpatch.fsutil import clean_stale_tmp, exclusive, tmp_prefix
 from sglpatch.gitcmd import Git, last_line, validate_ref
 from sglpatch.project import Project, find_project
 from sglpatch.series import parse_dep3, slug
@@ -205,7 +205,8 @@ def run(
         stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
         log_dir = Path(log_dir).expanduser().resolve() if log_dir else git.workdir / ".git" / "sglpatch-bisect" / stamp
         log_dir.mkdir(parents=True, exist_ok=True)
-        sd = Path(tempfile.mkdtemp(prefix="sglpatch-bisect-"))  # 0700: holds the user's environment
+        clean_stale_tmp()  # a killed bisect's state (its environment, tokens included) goes first
+        sd = Path(tempfile.mkdtemp(prefix=tmp_prefix("bisect")))  # 0700: holds the user's environment
         state = {
             "workdir": str(git.workdir),
             "cwd": str(cwd),
@@ -298,12 +299,13 @@ def _drive(git, state, state_file, good_sha, bad_sha, n, triage, out, err, holde
             restore_tracked(git, err)
         git.run("checkout", "-q", PATCHED_BRANCH)
         g, b = steps[0].verdict, steps[1].verdict
+        if g == "skip" or b == "skip":  # no verdict from a step that could not run
+            return _cannot_run(steps, n, bound) or _result(
+                "inconclusive", f"cannot triage: CMD could not run (exit 125) on {steps[0 if g == 'skip' else 1].label}",
+                n, bound, steps)
         if g == "bad":
             tail = " (and on the full stack)" if b == "bad" else "; the full stack passes (the series masks or fixes it)"
             return _result("upstream", f"regression is upstream: CMD fails on {steps[0].label} without our patches{tail}", n, bound, steps)
-        if g == "skip" or b == "skip":
-            where = steps[0].label if g == "skip" else steps[1].label
-            return _result("inconclusive", f"cannot triage: CMD skipped (exit 125) on {where}", n, bound, steps)
         if b == "good":
             return _result("no-regression", "no regression: CMD passes on upstream and on the full stack", n, bound, steps)
         say(err, "regression is in the series: bisecting")
@@ -356,6 +358,8 @@ def _drive(git, state, state_file, good_sha, bad_sha, n, triage, out, err, holde
         res = _result("found", msg, n, state["bound"], steps)
         res.first_bad = first
         return res
+    if (gone := _cannot_run(steps, n, state["bound"])) is not None:
+        return gone
     untested = [c for c in cands[:-1] if c not in skipped]
     if (sd / "budget-exhausted").exists() and untested:
         why = f"run budget of {state['bound']} reached after skipped steps"
@@ -376,3 +380,12 @@ def _candidates(git: Git) -> list[str]:
 
 def _result(outcome, message, n, bound, steps) -> BisectResult:
     return BisectResult(outcome=outcome, message=message, n=n, bound=bound, runs=len(steps), steps=list(steps))
+
+
+def _cannot_run(steps, n, bound) -> BisectResult | None:
+    """CMD could not run at any step (exit 125, 126, 127): no conclusion at all, and the whole run says so (125)."""
+    if not steps or any(s.verdict != "skip" or s.rc is None for s in steps):
+        return None
+    codes = "/".join(str(c) for c in sorted({s.rc for s in steps}))
+    return _result("cannot-run", f"CMD could not run here: all {len(steps)} run(s) exited {codes} (125 cannot run here, "
+                   f"126/127 not executable / not found): no verdict; see {steps[0].log}", n, bound, steps)

@@ -64,7 +64,7 @@ class Step:
 
 @dataclass
 class BisectResult:
-    outcome: str  # found | upstream | no-regression | ambiguous | inconclusive
+    outcome: str  # found | upstream | no-regression | ambiguous | inconclusive | cannot-run
     message: str
     n: int  # commits in good..bad
     bound: int  # ceil(log2(n+1)) + 2
@@ -76,7 +76,9 @@ class BisectResult:
 
     @property
     def exit_code(self) -> int:
-        """0 when a conclusion was reached, 1 when skips/timeouts left it open."""
+        """0 when a conclusion was reached, 125 when CMD could not run at all, 1 when skips/timeouts left it open."""
+        if self.outcome == "cannot-run":
+            return exitcodes.CANNOT_RUN
         return exitcodes.OK if self.outcome in ("found", "upstream", "no-regression") else exitcodes.ERROR
 
 

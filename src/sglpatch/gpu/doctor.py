@@ -81,7 +81,8 @@ def check_procs(sc: dict, ended: list[str]) -> dc.Check:
     if not sc["devices"]:
         return dc.Check("gpu-procs", "skip", f"{done}no /dev/nvidia* device here", details=details, data=data)
     if procs:
-        names = ", ".join(f"pid {p.pid} ({p.cmdline.split()[0] if p.cmdline else '?'})" for p in procs)
+        names = ", ".join(f"pid {p.pid} ({p.cmdline.split()[0] if p.cmdline else '?'}"
+                          + (f"; kept: {p.evidence}" if p.worker and p.evidence else "") + ")" for p in procs)
         return dc.Check("gpu-procs", "warn", f"{done}{len(procs)} live process(es) hold the GPUs, none stale: {names}",
                         "stop the server that owns them before a load (they hold GPU memory)", details, data)
     if smi_only:

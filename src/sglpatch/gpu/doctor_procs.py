@@ -8,12 +8,16 @@ rest (user, command line, age, parent); `nvidia-smi --query-compute-apps` the GP
 A *stale worker* is a process that (a) holds a GPU, (b) is an SGLang or torch worker by its own
 command line or environment (`sglang::scheduler_TP0`-style titles that SGLang sets, a
 multiprocessing spawn/fork child, a torchrun worker with TORCHELASTIC_RUN_ID), and (c) whose
-parent is gone (re-parented to PID 1 / 0, or its parent is a zombie). A server itself, an
-orphan that is not a worker, a worker whose server is alive: never stale. `end_stale` ends
-exactly the stale ones (and the processes they started): the process group when every live
-member of it is one of them (`sglpatch.proctree.Tree`: the group, then each PID), else each
-PID alone; psutil's Process objects guard against a PID recycled since the scan. Nothing is
-ever found or signalled by name.
+owning server is gone, on evidence (`owner_gone`): its parent is a zombie or has exited, or it
+was re-parented to a reaper (PID 1, a subreaper) *and* the leader of the process group it
+inherited from its server has exited. A living PID 1 as parent is no evidence by itself: in a
+container without an init the server *is* PID 1; a process group outside this PID namespace
+(getpgid 0) cannot tell either. A server itself, an orphan that is not a worker, a worker whose
+server is alive or cannot be shown gone: never stale, and each says why it was left alone.
+`end_stale` ends exactly the stale ones (and the processes they started): the process group
+when every live member of it is one of them and the group can be named (`proctree.unsafe_group`:
+never group 0, the doctor's own or one holding its caller), else each PID alone; psutil's
+Process objects guard against a PID recycled since the scan. Nothing is found or signalled by name.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from pathlib import Path
 
 import psutil
 
-from sglpatch.proctree import Tree
+from sglpatch.proctree import Tree, unsafe_group
 
 WORKER_TITLES = ("sglang::", "sgl_diffusion::")  # SGLang's setproctitle() names (scheduler, detokenizer, ...)
 MP_MARKERS = ("multiprocessing.spawn", "multiprocessing.forkserver", "--multiprocessing-fork")
@@ -47,6 +51,7 @@ class GpuProc:
     worker: str | None = None  # why it counts as an SGLang / torch worker; None: it does not
     pgid: int | None = None
     gpu_mem_mib: int | None = None
+    evidence: str = ""  # why its server is gone, or why that is not shown (owner_gone)
     proc: psutil.Process | None = field(default=None, repr=False)
 
     @property
@@ -55,15 +60,20 @@ class GpuProc:
 
     def line(self) -> str:
         mem = f"{self.gpu_mem_mib} MiB" if self.gpu_mem_mib is not None else "GPU memory ?"
-        parent = "parent gone" if self.parent_gone else f"parent {self.ppid}"
+        parent = ("parent gone" if self.parent_gone else f"parent {self.ppid}") + (f" ({self.evidence})" if self.evidence else "")
         kind = f"{self.worker}" if self.worker else "not an SGLang/torch worker"
         verdict = "STALE" if self.stale else "kept"
         return (f"pid {self.pid} {verdict}: user {self.user}, {mem}, age {age(self.age_s)}, {parent}, {kind}; "
-                f"`{self.cmdline[:160]}`; holds {', '.join(sorted(self.devices))}")
+                f"`{one_line(self.cmdline)[:160]}`; holds {', '.join(sorted(self.devices))}")
 
     def to_json(self) -> dict:
         return {k: getattr(self, k) for k in ("pid", "devices", "user", "cmdline", "age_s", "ppid", "parent_gone",
-                                               "worker", "pgid", "gpu_mem_mib")} | {"stale": self.stale}
+                                               "worker", "pgid", "gpu_mem_mib", "evidence")} | {"stale": self.stale}
+
+
+def one_line(text: str) -> str:
+    """A command line as one printable line: newlines and other control characters escaped."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 def age(seconds: float | None) -> str:
@@ -161,15 +171,45 @@ def describe(pid: int, devices: list[str], mem: dict[int, int], reapers=REAPER_P
         return None
     except psutil.AccessDenied:
         return gp
-    if gp.ppid in reapers:
-        gp.parent_gone = True
-    else:
-        try:
-            gp.parent_gone = psutil.Process(gp.ppid).status() == psutil.STATUS_ZOMBIE
-        except psutil.NoSuchProcess:
-            gp.parent_gone = True
+    gp.parent_gone, gp.evidence = owner_gone(p, gp.ppid, gp.pgid, reapers)
     gp.worker = worker_kind(cmd, name, environ)
     return gp
+
+
+def _exited(pid: int, born: float) -> str | None:
+    """How process pid (expected to be older than `born`) is gone: 'a zombie', 'gone', or None (alive)."""
+    try:
+        p = psutil.Process(pid)
+        if p.status() == psutil.STATUS_ZOMBIE:
+            return "exited (a zombie)"
+        return "exited (its PID now names a newer process)" if p.create_time() > born + 1e-3 else None
+    except psutil.NoSuchProcess:
+        return "exited"
+    except psutil.Error:
+        return None
+
+
+def owner_gone(p: psutil.Process, ppid: int | None, pgid: int | None, reapers=REAPER_PIDS) -> tuple[bool, str]:
+    """(the server that started p is gone, the evidence or why there is none)."""
+    try:
+        born = p.create_time()
+    except psutil.Error:
+        return False, "cannot read its start time"
+    if not ppid:
+        return False, "its parent is outside this PID namespace: no evidence its server is gone"
+    if ppid not in reapers:
+        how = _exited(ppid, born)
+        return (True, f"its parent {ppid} {how}") if how else (False, "")
+    # a reaper's child: adopted after its server died, or started by a server that is the reaper (PID 1)
+    if pgid is None or pgid <= 0:
+        return False, (f"its parent PID {ppid} is alive and its process group is outside this PID namespace: "
+                       "no evidence its server is gone")
+    if pgid == ppid:
+        return False, f"its parent PID {ppid} leads its process group: the server itself runs as PID {ppid}"
+    how = _exited(pgid, born)
+    if how:
+        return True, f"re-parented to PID {ppid}; its process group's leader {pgid} {how}"
+    return False, f"its parent is PID {ppid}, but its process group's leader {pgid} is alive: no evidence its server is gone"
 
 
 def scan(dev_glob: str, proc_root: str, nvidia_smi: str | None, reapers=REAPER_PIDS) -> dict:
@@ -213,7 +253,7 @@ def end_stale(stale: list[GpuProc], grace: float = 10.0) -> list[str]:
         if gp.proc is None or not _alive(gp.proc):
             continue
         targets[gp.pid] = gp.proc
-        why[gp.pid] = gp.cmdline[:80]
+        why[gp.pid] = one_line(gp.cmdline)[:80]
         try:
             for child in gp.proc.children(recursive=True):
                 targets.setdefault(child.pid, child)
@@ -228,7 +268,8 @@ def end_stale(stale: list[GpuProc], grace: float = 10.0) -> list[str]:
             continue
     lines, done = [], set()
     for pgid, pids in sorted(groups.items()):
-        if _group_members(pgid) <= set(targets):  # the whole group is stale: the group, then each PID
+        unsafe = unsafe_group(pgid)
+        if not unsafe and _group_members(pgid) <= set(targets):  # the whole group is stale: the group, then each PID
             tree = Tree(pgid)
             for pid in pids:
                 tree.seen.setdefault(pid, targets[pid])
@@ -248,7 +289,7 @@ def end_stale(stale: list[GpuProc], grace: float = 10.0) -> list[str]:
                 if not any(_alive(p) for p in procs):
                     break
             left = {p.pid for p in procs if _alive(p)}
-            how = "its PID (its process group holds other processes too)"
+            how = f"its PID ({unsafe or 'its process group holds other processes too'})"
         for pid in sorted(pids):
             done.add(pid)
             lines.append(f"ended pid {pid} ({why[pid]}) by {how}" if pid not in left else

@@ -280,6 +280,9 @@ def tier_kernel(prof: dict, project: Path, report_dir: Path, base_env: dict, bas
     latency launches, or with --stress only the stress launch."""
     tr = TierResult("kernel")
     k = prof["kernel"]
+    if not python and (missing := kernel_launch.missing_default(k)):
+        tr.status, tr.summary = "cannot_run", missing  # not a usage error: the user gave no --python
+        return tr
     interps = kernel_launch.interpreters(k, python)
     cfg = decision.config(prof)
     spec_base = decision.baseline_from_report(with_profile) if with_profile else None

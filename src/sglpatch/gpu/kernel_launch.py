@@ -42,6 +42,15 @@ def interpreters(k: dict, python_arg: str | None) -> list[dict]:
     return out
 
 
+def missing_default(k: dict) -> str | None:
+    """Why the profile's own `[kernel] python` cannot run here (not installed on this box), or None."""
+    p = k.get("python")
+    if not p or (os.path.isfile(expand(p)) and os.access(expand(p), os.X_OK)):
+        return None
+    return (f"the profile's [kernel] python {p} is not on this machine: give --python PATH (a Python with torch "
+            f"and sglang) or set [kernel] python in the profile")
+
+
 def quick_sizes(prof: dict) -> list[int]:
     """--quick: the decode and verify rows of the decision table (batch, batch x draft tokens)."""
     d = prof["kernel"].get("decision") or {}

@@ -35,6 +35,9 @@ from sglpatch.rebase import state
 def _in_progress(git: Git) -> str:
     """The one line for a new rebase while state.json exists: what happened, what to run."""
     wd = git.workdir
+    if state.abort_started(git):
+        return (f"an `--abort` of the rebase in {wd} was interrupted before it finished; "
+                f"`sglpatch rebase --workdir {wd} --abort` finishes it, then start again")
     plan = state.load(git)
     if plan.stopped:
         i = plan.stopped["index"]
@@ -149,11 +152,35 @@ def _stop(git: Git, plan: Plan, o: Outcome) -> list[str]:
     raise RebaseStopped("\n".join(lines))
 
 
+def _aborting(git: Git) -> None:
+    """An --abort that was interrupted (killed) must be finished, not continued from its half-reset tree."""
+    if state.abort_started(git):
+        raise RebaseError(f"an `--abort` of the rebase in {git.workdir} was interrupted before it finished; "
+                          f"`sglpatch rebase --workdir {git.workdir} --abort` finishes it (nothing is continued)")
+
+
+def _where_stopped(git: Git, plan: Plan) -> None:
+    """--continue / --skip take the tree as the resolution: it must be where the stop left it."""
+    branch, head = git.current_branch(), git.head_commit()
+    if branch is None and head == plan.head:
+        return
+    i, wd = plan.stopped["index"], git.workdir
+    at = f"on branch {branch}" if branch else f"detached at {(head or '?')[:12]}"
+    raise RebaseError(
+        f"{wd} is not where the rebase stopped (detached at {plan.head[:12]}, the new stack before patch "
+        f"{i + 1}/{len(plan.names)}) but {at}: nothing taken as a resolution; `git -C {wd} checkout -f --detach "
+        f"{plan.head[:12]}` and resolve patch {i + 1} again (or --skip), or `sglpatch rebase --workdir {wd} --abort`")
+
+
 def continue_(workdir: Path, skip: bool = False) -> list[str]:
     git = open_workdir(Path(workdir), create=False)
+    _aborting(git)
     state.load(git)  # the one-line answer when there is nothing to continue (or its state is damaged)
     with exclusive(lockfile(git), str(git.workdir)):
+        _aborting(git)
         plan = state.load(git)  # again, under the lock: an --abort may have ended it meanwhile
+        if plan.stopped:
+            _where_stopped(git, plan)
         if not plan.stopped:  # the process was killed before it stopped or finished: resume
             if git.current_branch() is None and git.head_commit() == plan.head:
                 # killed inside the stop: the half-applied patch there is ours, the stop redoes it
@@ -210,8 +237,11 @@ def abort(workdir: Path) -> list[str]:
         if not (rebase_state_dir(git) / REBASE_STATE_FILE).exists():
             state.load(git)  # says why there is nothing to abort
         orig, project = state.load_orig(git)  # also when state.json is damaged
+        state.mark_abort(git)  # from here on, the next command finishes this abort (never continues)
+        crashpoint("rebase:abort:marked")
         # files first (HEAD may be detached at the new stack), then refs, then HEAD
         git.run("reset", "-q", "--hard", orig["head"])
+        crashpoint("rebase:abort:reset")
         git.update_ref(f"refs/heads/{UPSTREAM_BRANCH}", orig["upstream"], message="sglpatch rebase --abort")
         git.update_ref(f"refs/heads/{PATCHED_BRANCH}", orig["patched"], message="sglpatch rebase --abort")
         if orig.get("branch"):

@@ -8,6 +8,8 @@ folder is, and whether a rebase is in progress (state.json is there), is sglpatc
     orig.json      DIR's branch, HEAD, upstream, patched, applied record, and the project path
     project/       manifest.json + files/: the project files the rebase may write, as they were
     written.json   {path: sha256 written | null (removed)}, each entry recorded before the write
+    abort.started  written before --abort resets anything: a killed abort is finished by --abort,
+                   never continued (--continue / --skip / a new rebase say so)
 """
 
 from __future__ import annotations
@@ -37,6 +39,17 @@ def save(git: Git, plan: Plan) -> None:
 
 def load(git: Git) -> Plan:
     return rebaseplan.load(rebase_state_dir(git) / REBASE_STATE_FILE, git.workdir)
+
+
+ABORT_MARK = "abort.started"  # written before --abort moves anything; the folder goes last
+
+
+def mark_abort(git: Git) -> None:
+    write_if_changed(rebase_state_dir(git) / ABORT_MARK, b"an --abort began; --abort again finishes it\n")
+
+
+def abort_started(git: Git) -> bool:
+    return (rebase_state_dir(git) / ABORT_MARK).is_file()
 
 
 # --------------------------------------------------------------------------------------
