@@ -181,9 +181,14 @@ def test_a_usage_error_is_2_and_an_interrupt_130(tmp_path):
         proc = subprocess.Popen([shutil.which("sglpatch"), "apply", "--project", str(ROOT), "--workdir", str(tmp_path / "wd"), "--no-install",
                                  "--upstream-url", url, "--probe-timeout", "5"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                 start_new_session=True)
-        time.sleep(2)
-        os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C in a terminal: the whole foreground group
+        # Ctrl-C once the probe waits on the socket (not after a fixed sleep: on a loaded machine the
+        # start-up alone can take longer), in a terminal: the whole foreground group
+        silent.settimeout(60)
+        conn, _ = silent.accept()
+        time.sleep(0.2)
+        os.killpg(proc.pid, signal.SIGINT)
         out, err = proc.communicate(timeout=60)  # git dies at once; sglpatch returns after the probe timeout (GitPython)
+        conn.close()
     assert proc.returncode == exitcodes.INTERRUPTED and err.strip().splitlines()[-1] == "sglpatch: interrupted", err
 
 
