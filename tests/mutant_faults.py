@@ -55,7 +55,7 @@ POLL_READY = ("            if not ev[cycle.end].query():\n", "            if not
 ACCEPT_BY_REF = ("                cycle.accept = accept_lens.clone()\n", "                cycle.accept = accept_lens\n")
 DROP_NEWEST = ("            self._release(self._pending.popleft())\n", "            self._release(self._pending.pop())\n")
 PROFILE_REPORT, DECISION = "tests/test_profile_report.py", "tests/test_decision.py"
-KERNEL = "tests/test_kernel_candidates.py"
+KERNEL = "tests/test_regress.py"  # the crossover, the cap and the judge, as units
 
 MUTANTS: dict[str, list[Mutant]] = {
     "0.5.23": [
