@@ -8,7 +8,7 @@
 #   scripts/test.sh [--quick] [PYTEST ARGS...]      e.g. scripts/test.sh tests/test_stack.py -k export
 #
 # The whole suite (what CI runs) in parallel: pytest-xdist with $SGLPATCH_TEST_JOBS workers
-# (default: one per core; 1 runs serially). --quick: only the unit and patch tests (the edit
+# (default: cores + 1; 1 runs serially). --quick: only the unit and patch tests (the edit
 # loop; the slow end-to-end files, marked `slow` in tests/conftest.py, are left out).
 # The tests keep their own cache ($SGLPATCH_TEST_CACHE, default beside the test venv), never
 # the user's ~/.cache/sglpatch.
@@ -65,7 +65,8 @@ export PATH="$(dirname "$(command -v "$PY")"):$PATH"
 # --durations: the slowest tests at the end of the log, where the CI time goes
 ARGS=()
 if [ "${1:-}" = --quick ]; then shift; ARGS+=(-m "not slow"); fi
-JOBS="${SGLPATCH_TEST_JOBS:-auto}"
+# one worker more than cores: many tests wait on a subprocess, a timeout or a signal, not the CPU
+JOBS="${SGLPATCH_TEST_JOBS:-$(( $(nproc) + 1 ))}"
 if [ "$JOBS" != 1 ] && [ "$JOBS" != 0 ] && "$PY" -c "import xdist" 2>/dev/null; then
   # loadfile: a file's tests stay on one worker (its module fixtures are built once)
   ARGS+=(-n "$JOBS" --dist loadfile)

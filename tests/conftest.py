@@ -85,6 +85,22 @@ SDIST_0510_SHA256 = "01f7adfe7cde85b238fb0e1bae4b31d494e19d1471cf35ff3c5489a02f9
 PROJECT_FILES = ("series", "upstream.lock", "patches", "resolutions", "CHANGELOG.md")
 
 
+# The end-to-end files (each a minute or more of real applies, rebases, venvs, servers and faults,
+# measured with --durations): marked `slow`, so that `scripts/test.sh --quick` (-m "not slow") runs
+# the unit and patch tests only.
+END_TO_END = {
+    "test_apply_cli.py", "test_cli_first_contact.py", "test_doctor.py", "test_failure_modes.py", "test_failure_modes_2.py",
+    "test_kernel_candidates.py", "test_kernel_stress.py", "test_port_0523.py", "test_rebase.py", "test_regress_ab.py",
+    "test_regress_server.py", "test_scripts_fresh_shell.py", "test_stack.py", "test_venv_preflight.py", "test_watch.py",
+}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.path.name in END_TO_END:
+            item.add_marker(pytest.mark.slow)
+
+
 @pytest.fixture(scope="session")
 def project_root() -> Path:
     return ROOT
