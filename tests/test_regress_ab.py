@@ -141,7 +141,9 @@ def test_ab_compares_two_installs_in_one_report(tmp_path, patched_python, tokeni
         for m in side["modes"]:
             assert m["survivors"] == [] and m["bench_run"]["survivors"] == []
             assert not [p for p in m["tracked_pids"] if alive(p)]
-    assert took < 90
+    # no bench waited out its timeout (server_profile's bench_timeout, 120 s): the run itself takes
+    # 40-60 s on a quiet machine, 90+ with the suite's xdist workers beside it (it was < 90 when serial)
+    assert took < 120
 
 
 # ----------------------------------------------------------------------------- units
