@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# Plant the faults of tests/mutants.py in each line's patches and show that a test catches each
-# (issue 18); the table goes to results/mutants/. Needs the test venvs (scripts/test.sh builds them).
+# Plant the faults of tests/mutant_faults.py in each line's patches and in the tool's own math
+# (src/sglpatch: profile-report, the decision table, the kernel judge and crossover, bisect's exit
+# codes) and show that a test catches each (issues 18, 29); the table goes to results/mutants/.
+# Needs the test venvs (scripts/test.sh builds them). --only ID,... re-runs some, merged into the table.
 #
-#   scripts/mutants.sh [--line 0.5.23|0.5.9|all] [--out DIR]
+#   scripts/mutants.sh [--line 0.5.23|0.5.9|tool|all] [--only ID[,ID...]] [--check] [--out DIR]
 set -euo pipefail
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 if wants_help "$@"; then usage; exit 0; fi

@@ -5,7 +5,13 @@
 # venv (.venv-0523, or $SGLPATCH_TEST_VENV_0523) holds SGLang 0.5.23's pins for tests/real_0523.
 # Needs: git, Debian's quilt and patch (installed with apt-get when run as root).
 #
-#   scripts/test.sh [PYTEST ARGS...]      e.g. scripts/test.sh tests/test_stack.py -k export
+#   scripts/test.sh [--quick] [PYTEST ARGS...]      e.g. scripts/test.sh tests/test_stack.py -k export
+#
+# The whole suite (what CI runs) in parallel: pytest-xdist with $SGLPATCH_TEST_JOBS workers
+# (default: cores + 1; 1 runs serially). --quick: only the unit and patch tests (the edit
+# loop; the slow end-to-end files, marked `slow` in tests/conftest.py, are left out).
+# The tests keep their own cache ($SGLPATCH_TEST_CACHE, default beside the test venv), never
+# the user's ~/.cache/sglpatch.
 set -euo pipefail
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 if [[ "${1:-}" == -h || "${1:-}" == --help ]]; then usage; exit 0; fi
@@ -57,4 +63,12 @@ export SGLPATCH_TEST_VENV_0523="$VENV0523"
 # the venv's tools (uv, black, sglpatch) on PATH, as an activated venv would have them
 export PATH="$(dirname "$(command -v "$PY")"):$PATH"
 # --durations: the slowest tests at the end of the log, where the CI time goes
-exec "$PY" -m pytest -q -p no:cacheprovider --durations=15 "$@"
+ARGS=()
+if [ "${1:-}" = --quick ]; then shift; ARGS+=(-m "not slow"); fi
+# one worker more than cores: many tests wait on a subprocess, a timeout or a signal, not the CPU
+JOBS="${SGLPATCH_TEST_JOBS:-$(( $(nproc) + 1 ))}"
+if [ "$JOBS" != 1 ] && [ "$JOBS" != 0 ] && "$PY" -c "import xdist" 2>/dev/null; then
+  # loadfile: a file's tests stay on one worker (its module fixtures are built once)
+  ARGS+=(-n "$JOBS" --dist loadfile)
+fi
+exec "$PY" -m pytest -q -p no:cacheprovider --durations=15 "${ARGS[@]}" "$@"

@@ -10,11 +10,14 @@
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 import venv
 from pathlib import Path
@@ -25,8 +28,53 @@ ROOT = Path(__file__).resolve().parents[1]
 # tests/real_0523/ runs inside the 0.5.23 venv only (tests/test_port_0523.py starts it with
 # SGLPATCH_REAL_0523 set); not descending into it here keeps its conftest from shadowing this one
 collect_ignore = [] if os.environ.get("SGLPATCH_REAL_0523") else ["real_0523"]
-os.environ.setdefault("SGLPATCH_CACHE", str(Path.home() / ".cache" / "sglpatch"))
 os.environ["SGLPATCH_TEST_HOOKS"] = "1"  # sglpatch.fsutil.crashpoint: the fault hooks work only under the tests
+
+
+def test_cache() -> Path:
+    """The tests' own cache (downloaded sdists, the tree cache), never the user's ~/.cache/sglpatch:
+    $SGLPATCH_TEST_CACHE when set (e.g. to the user's cache, when asked), else beside the test venv
+    (kept between runs, like the venv), else one per user under the temp folder. Chosen once, so
+    xdist workers and the runs tests start share it."""
+    asked = os.environ.get("SGLPATCH_TEST_CACHE")
+    if asked:
+        return Path(asked)
+    if sys.prefix != sys.base_prefix:
+        return Path(sys.prefix) / "sglpatch-test-cache"
+    return Path(tempfile.gettempdir()) / f"sglpatch-test-cache-{os.getuid()}"
+
+
+TEST_CACHE = test_cache()
+os.environ["SGLPATCH_TEST_CACHE"] = os.environ["SGLPATCH_CACHE"] = str(TEST_CACHE)
+
+
+@contextlib.contextmanager
+def cache_lock():
+    """The test cache's lock: the first xdist worker (or a second session) fills the cache while the
+    others wait, then reuse what it wrote (the tool's cache has no lock of its own)."""
+    TEST_CACHE.mkdir(parents=True, exist_ok=True)
+    with open(TEST_CACHE / ".tests.lock", "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def seed_sdists() -> None:
+    """Copy the user's cached SGLang sdists (regular files only) into the test cache when it lacks
+    them: read-only use of the user's cache, and safe, as every sdist is checked against the sha256
+    upstream.lock pins before use. SGLPATCH_TEST_NO_SEED=1: download them instead."""
+    user = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "sglpatch" / "sdist"
+    if os.environ.get("SGLPATCH_TEST_NO_SEED") or not user.is_dir() or user.resolve() == (TEST_CACHE / "sdist").resolve():
+        return
+    for src in user.glob("sglang-*.tar.gz"):
+        dest = TEST_CACHE / "sdist" / src.name
+        if src.is_file() and not src.is_symlink() and not dest.exists():
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            tmp = dest.with_name(f".{src.name}.{os.getpid()}")
+            shutil.copyfile(src, tmp)
+            os.replace(tmp, dest)
 
 try:  # the GPU tests run on machines without GitPython; they need none of this
     from sglpatch import artifacts, stack  # noqa: E402
@@ -36,6 +84,22 @@ except ImportError:  # pragma: no cover
 
 SDIST_0510_SHA256 = "01f7adfe7cde85b238fb0e1bae4b31d494e19d1471cf35ff3c5489a02f9d2263"
 PROJECT_FILES = ("series", "upstream.lock", "patches", "resolutions", "CHANGELOG.md")
+
+
+# The end-to-end files (each a minute or more of real applies, rebases, venvs, servers and faults,
+# measured with --durations): marked `slow`, so that `scripts/test.sh --quick` (-m "not slow") runs
+# the unit and patch tests only.
+END_TO_END = {
+    "test_apply_cli.py", "test_cli_first_contact.py", "test_doctor.py", "test_failure_modes.py", "test_failure_modes_2.py",
+    "test_kernel_candidates.py", "test_kernel_stress.py", "test_port_0523.py", "test_rebase.py", "test_regress_ab.py",
+    "test_regress_server.py", "test_scripts_fresh_shell.py", "test_stack.py", "test_venv_preflight.py", "test_watch.py",
+}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.path.name in END_TO_END:
+            item.add_marker(pytest.mark.slow)
 
 
 @pytest.fixture(scope="session")
@@ -61,7 +125,9 @@ def project_copy(tmp_path) -> Path:
 
 @pytest.fixture(scope="session")
 def sdist_059() -> Path:
-    return artifacts.fetch_sdist(read_lock(ROOT))
+    with cache_lock():
+        seed_sdists()
+        return artifacts.fetch_sdist(read_lock(ROOT))
 
 
 def lock_0510() -> "Lock":
@@ -79,11 +145,13 @@ def lock_0510() -> "Lock":
 
 @pytest.fixture(scope="session")
 def sdist_0510() -> Path:
-    return artifacts.fetch_sdist(lock_0510())
+    with cache_lock():
+        seed_sdists()
+        return artifacts.fetch_sdist(lock_0510())
 
 
 @pytest.fixture(scope="session")
-def patched_tree(tmp_path_factory) -> Path:
+def patched_tree(tmp_path_factory, request) -> Path:
     given = os.environ.get("SGLPATCH_PATCHED_TREE")
     if given:  # e.g. the rebase test re-running the patch tests on the rebased tree
         return Path(given)
@@ -92,6 +160,7 @@ def patched_tree(tmp_path_factory) -> Path:
         out = subprocess.run([installed, "-c", "import sglang; print(sglang.__file__)"], capture_output=True, text=True)
         assert out.returncode == 0, f"{installed} cannot import sglang: {out.stderr[-500:]}"
         return Path(out.stdout.strip().splitlines()[-1]).resolve().parents[2]
+    request.getfixturevalue("sdist_059")  # fetched under the cache's lock
     workdir = tmp_path_factory.mktemp("fork") / "sglang-fork"
     stack.apply(ROOT, workdir, source="sdist")
     return workdir

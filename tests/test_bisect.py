@@ -271,7 +271,7 @@ def test_sigint_during_a_step_restores_patched(phase, workdir, bisect_project, c
         cmd, extra = check(workdir, "hang", bad_k=1), []
     else:  # the triage run on upstream (in sglpatch itself)
         cmd, extra = check(workdir, "hang-all"), ["--triage"]
-    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
+    env = dict(os.environ, PYTHONPATH=str(Path(bisect.__file__).resolve().parents[2]))  # the sglpatch under test
     proc = subprocess.Popen(
         [sys.executable, "-m", "sglpatch.cli", "bisect", "--workdir", str(workdir), "--project", str(project),
          "--log-dir", str(tmp_path / "log"), *extra, "--", *cmd],

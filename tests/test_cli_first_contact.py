@@ -180,10 +180,18 @@ def test_a_usage_error_is_2_and_an_interrupt_130(tmp_path):
         url = f"https://127.0.0.1:{silent.getsockname()[1]}/sglang"
         proc = subprocess.Popen([shutil.which("sglpatch"), "apply", "--project", str(ROOT), "--workdir", str(tmp_path / "wd"), "--no-install",
                                  "--upstream-url", url, "--probe-timeout", "5"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                start_new_session=True)
-        time.sleep(2)
-        os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C in a terminal: the whole foreground group
+                                start_new_session=True,
+                                # as from a terminal's foreground: SIGINT not ignored, also when the suite
+                                # itself runs in the background (a shell's `&` ignores SIGINT for it)
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+        # Ctrl-C once the probe waits on the socket (not after a fixed sleep: on a loaded machine the
+        # start-up alone can take longer), in a terminal: the whole foreground group
+        silent.settimeout(60)
+        conn, _ = silent.accept()
+        time.sleep(0.2)
+        os.killpg(proc.pid, signal.SIGINT)
         out, err = proc.communicate(timeout=60)  # git dies at once; sglpatch returns after the probe timeout (GitPython)
+        conn.close()
     assert proc.returncode == exitcodes.INTERRUPTED and err.strip().splitlines()[-1] == "sglpatch: interrupted", err
 
 

@@ -151,3 +151,15 @@ def test_the_target_profile_carries_the_decision_config():
     assert decision.config(profiles.load_profile(None)) is None
     with pytest.raises(SglpatchError, match="layers must be a positive integer"):
         decision.config({"kernel": {"hidden": 7168, "decision": {"layers": 0}}})
+
+
+def test_projection_at_batch_2_reads_verify_rows_batch_times_draft_tokens():
+    """Not only at batch 1 (where batch x k and batch + k - 1 agree): batch 2, 3 draft tokens ->
+    decode rows [2], verify rows [6] (issue 29)."""
+    pts = rows("nccl", "A", {1: 60.0, 2: 80.0, 4: 120.0, 6: 200.0, 8: 240.0}) + rows("custom_ar", "A", {1: 20.0, 2: 30.0, 4: 50.0, 6: 70.0, 8: 90.0})
+    d = decision.project(pts, {**CFG, "batch_size": 2})
+    assert (d["decode_rows"], d["verify_rows"]) == (2, 6)
+    a = by_name(d)[("custom_ar", "A")]
+    # decode 122 x (80 - 30) us = 6.1 ms off 12.2 -> 6.1 ms; verify 122 x (200 - 70) us = 15.86 ms off 30 -> 14.14 ms
+    assert (a["t_decode_us"], a["t_verify_us"], a["t_verify_how"]) == (30.0, 70.0, "measured")
+    assert (a["step_ms"], a["cycle_ms"], a["break_even_accept"]) == (6.1, 14.14, 2.32)

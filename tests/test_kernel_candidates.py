@@ -187,7 +187,7 @@ def test_launch_plan_and_usage_errors(tmp_path):
     q = kernel_launch.kernel_launches(prof, 8, tmp_path, a, True, quick=True)[0]["cmd"]
     assert q[q.index("--sizes") + 1] == "1,3" and q[q.index("--samples") + 1] == "8"
     env = kernel_launch.worker_env({"PYTHONPATH": "/x"})
-    assert env["PYTHONPATH"] == f"{ROOT / 'src'}{os.pathsep}/x"
+    assert env["PYTHONPATH"] == f"{Path(kernel_launch.__file__).resolve().parents[2]}{os.pathsep}/x"  # the sglpatch under test
     with pytest.raises(SglpatchError, match="not an executable interpreter"):
         kernel_launch.interpreters({}, f"{sys.executable},{tmp_path / 'nope'}")
     with pytest.raises(SglpatchError, match="the same interpreter twice"):

@@ -227,3 +227,29 @@ def test_gpu_suite_sees_the_series_side_only_through_series_side():
                 if n.startswith("sglpatch.gpu") or n in allowed:
                     continue
                 assert path.name == "series_side.py" and n in series_side, f"{path.name} imports {n}"
+
+
+def test_judge_names_each_failure_and_passes_optional_set_up_errors():
+    """The kernel tier's judge (issue 29): NCCL failing to set up fails the run in any install, a
+    required backend only in the first; an optional backend's set-up error (symm_mem without P2P
+    atomics) is reported, not a failure; every WRONG result and raised row is one failure."""
+    from sglpatch.gpu.report import TierResult
+
+    def inst(key, label, errors=None, hung=()):
+        return {"key": key, "label": label, "errors": errors or {}, "hung": list(hung), "absent": {}}
+
+    installs = [inst("A", "0.5.9", {"nccl_p2p_off": "ncclInternalError", "symm_mem": "no multicast"}),
+                inst("B", "0.5.23", {"nccl": "timeout", "custom_ar": "no P2P"}, hung=["nccl"])]
+    rows = [{"backend": "nccl", "install": "A", "mode": "graph", "rows": 3, "hidden": 7168, "status": "ok"},
+            {"backend": "custom_ar", "install": "A", "mode": "graph", "rows": 3, "hidden": 7168, "status": "ok"},
+            {"backend": "pcie_ipc", "install": "B", "mode": "graph", "rows": 3, "hidden": 7168, "status": "wrong",
+             "detail": "rank 1: max abs error 2.0"}]
+    tr = TierResult("kernel")
+    kernel.judge(tr, {"required_backends": ["nccl", "custom_ar"]}, installs, rows, cpu_test=False)
+    assert tr.status == "fail"
+    assert tr.failures == ["backend nccl_p2p_off [0.5.9] failed to set up: ncclInternalError",
+                           "backend nccl [0.5.23] HUNG: timeout",
+                           "WRONG RESULT pcie_ipc [B] graph [3,7168]: rank 1: max abs error 2.0"]
+    ok = TierResult("kernel")
+    kernel.judge(ok, {"required_backends": ["nccl"]}, [inst("A", "0.5.9", {"symm_mem": "no multicast"})], rows[:1], cpu_test=False)
+    assert ok.failures == [] and ok.status == "skipped"

@@ -141,7 +141,9 @@ def test_ab_compares_two_installs_in_one_report(tmp_path, patched_python, tokeni
         for m in side["modes"]:
             assert m["survivors"] == [] and m["bench_run"]["survivors"] == []
             assert not [p for p in m["tracked_pids"] if alive(p)]
-    assert took < 90
+    # no bench waited out its timeout (server_profile's bench_timeout, 120 s): the run itself takes
+    # 60 s and 91 s in two parallel suite runs on a loaded 2-core machine (the bound was 90 s)
+    assert took < 120
 
 
 # ----------------------------------------------------------------------------- units

@@ -16,7 +16,9 @@ import json
 import pytest
 
 FLOOR = "0.6.17"
-VERSIONS = [None, "0.6.3", "0.6.7.post3", "0.6.16", "0.6.16.post4", "0.6.17", "0.6.18", "0.7.4"]
+# both sides of the floor, with multi-digit and post parts (0.6.9 < 0.6.17 < 0.10.0, unlike as strings)
+VERSIONS = [None, "0.6.3", "0.6.7.post3", "0.6.9", "0.6.16", "0.6.16.post4", "0.6.17", "0.6.17.post1", "0.6.18", "0.7.4", "0.10.0"]
+SMS = [8, 9, 10, 11, 12]  # SM11x must be refused like SM8x; SM90/SM100 unchanged
 AUTO_ARCHS = ["KimiK25ForConditionalGeneration", "DeepseekV3ForCausalLM", "Qwen3MoeForCausalLM"]
 
 CODE = r"""
@@ -65,7 +67,7 @@ ARCHS = __ARCHS__
 out = {"gate": {}, "auto": {}, "optin": {}, "runtime": {}}
 
 # 1. the pure gate, full matrix
-for sm in (8, 9, 10, 12):
+for sm in (8, 9, 10, 11, 12):
     for v in VERSIONS:
         for req in (False, True):
             for p2p in (False, True):
@@ -140,6 +142,11 @@ for v in VERSIONS:
                 "warnings": list(cap.records),
                 "p2p_pairs": sorted(map(tuple, P2P["calls"])),
             }
+# GPUs from a non-default base_gpu_id with a non-default gpu_id_step: the probe walks those ids
+install_flashinfer("0.6.17"); P2P["ok"], P2P["calls"] = True, []; cap.records.clear()
+o = fresh(tp_size=4, base_gpu_id=2, gpu_id_step=2, enable_flashinfer_allreduce_fusion=True)
+o._handle_flashinfer_allreduce_fusion()
+out["p2p_offset"] = {"enabled": o.enable_flashinfer_allreduce_fusion, "pairs": sorted(map(tuple, P2P["calls"]))}
 # not requested on SM120: nothing probed, nothing logged
 install_flashinfer("0.6.17"); P2P["calls"] = []; cap.records.clear()
 o = fresh(tp_size=8)
@@ -313,7 +320,7 @@ def test_floor_is_the_first_flashinfer_with_sm12x_comm(result):
     assert result["floor"] == FLOOR
 
 
-@pytest.mark.parametrize("sm", [8, 9, 10, 12])
+@pytest.mark.parametrize("sm", SMS)
 def test_gate_full_matrix(result, sm):
     for v in VERSIONS:
         for req in (False, True):
@@ -338,7 +345,7 @@ def test_gate_reason_names_the_failed_condition(result):
         assert FLOOR in reason and "flashinfer" in reason, reason
         assert "P2P" not in reason
     assert "P2P" in g["12|0.6.17|True|False"]
-    assert "SM8" in g["8|0.6.17|True|True"]
+    assert "SM8" in g["8|0.6.17|True|True"] and "SM11" in g["11|0.10.0|True|True"]
 
 
 def test_never_auto_enabled_on_sm120(result):
@@ -380,6 +387,11 @@ def test_sm120_p2p_probe_covers_every_pair_of_tp_gpus(result):
     assert sorted(map(tuple, pairs)) == sorted((i, j) for i in range(8) for j in range(8) if i != j)
     # multi-node TP has no P2P between all ranks: refused without probing
     assert result["optin"]["0.6.17|True|2"]["p2p_pairs"] == []
+
+
+def test_p2p_probe_walks_base_gpu_id_by_gpu_id_step(result):
+    ids = [2, 4, 6, 8]  # --base-gpu-id 2 --gpu-id-step 2, tp 4
+    assert result["p2p_offset"] == {"enabled": True, "pairs": [[i, j] for i in ids for j in ids if i != j]}
 
 
 def test_not_requested_is_silent(result):

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -407,3 +408,16 @@ def test_old_baseline_name_is_a_deprecated_alias(misc):
 
 
 # ---------------------------------------------------------------- formatters
+
+
+def test_events_completing_late_or_never_are_read_in_order(run_patched):
+    """The same fakes on 0.5.9's profiler as on 0.5.23's (tests/p4_event_order.py): events that
+    complete a cycle late or never, and an accept-length buffer reused before they complete."""
+    import p4_event_order
+
+    tests = str(Path(p4_event_order.__file__).resolve().parent)
+    code = (f"import json, sys\nsys.path.insert(0, {tests!r})\nimport p4_event_order\n"
+            "from sglang.srt.speculative import spec_profiler as sp\nprint(json.dumps(p4_event_order.run(sp)))\n")
+    proc = run_patched(code, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    p4_event_order.check(json.loads(proc.stdout.strip().splitlines()[-1]))

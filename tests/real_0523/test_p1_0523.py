@@ -258,3 +258,74 @@ def test_fusion_token_limit_from_the_launch_config(published, monkeypatch):
         assert add_norm.get_fuse_allreduce_max_tokens() == get_exec().graph.cuda_graph_config.decode.max_bs  # 1 token each
     monkeypatch.setattr(add_norm, "_is_sm120_supported", False)
     assert add_norm.get_fuse_allreduce_max_tokens() == 2048  # SM90/SM100 unchanged
+
+
+# ---------------------------------------------------------------- at the edges (issue 29)
+
+
+def test_p2p_probe_walks_base_gpu_id_by_gpu_id_step(model_dir, sm, p2p, monkeypatch):
+    """--base-gpu-id 2 --gpu-id-step 2 on 4 TP ranks: the probe asks GPUs 2, 4, 6, 8, not 0-3 or 2-5."""
+    monkeypatch.delenv("SGLANG_ENABLE_PCIE_IPC_ALLREDUCE", raising=False)
+    sm(12)
+    assert resolved_backend(model_dir, flashinfer_allreduce_fusion_backend="auto", base_gpu_id=2, gpu_id_step=2) == "auto"
+    ids = [2, 4, 6, 8]
+    assert sorted(p2p.pairs) == [(i, j) for i in ids for j in ids if i != j]
+
+
+@pytest.mark.parametrize("version, ok", [
+    (None, False), ("0.6.9", False), ("0.6.16", False), ("0.6.16.post4", False),
+    ("0.6.17", True), ("0.6.17.post1", True), ("0.6.18", True), ("0.7.2", True), ("0.10.0", True), ("1.0", True),
+])  # fmt: skip
+def test_flashinfer_floor_on_both_sides_with_multi_digit_and_post_versions(version, ok):
+    reason = ov.get_flashinfer_allreduce_fusion_blocker(12, version, True, True)
+    assert (reason is None) is ok, reason
+    if not ok:
+        assert reason == (f"SM120 needs flashinfer-python>=0.6.17 (installed: {version or 'not installed'}); "
+                          "older releases do not build or silently miscompute it on SM12x")
+
+
+@pytest.mark.parametrize("sm_major", [8, 9, 10, 11, 12])
+def test_other_architectures_unchanged(sm_major):
+    """SM90/SM100: upstream's rule (no version, P2P or PCIe-IPC condition); SM8x/SM11x refused; the
+    token limit is upstream's everywhere but SM12x."""
+    for version in (None, "0.6.3", "0.7.2"):
+        for p2p_ok in (False, True):
+            reason = ov.get_flashinfer_allreduce_fusion_blocker(sm_major, version, True, p2p_ok, pcie_ipc_on=True)
+            if sm_major in (9, 10):
+                assert reason is None
+            elif sm_major != 12:
+                assert reason == f"it supports SM90, SM100 and SM120 only, this GPU is SM{sm_major}x"
+    limit = ov.get_flashinfer_allreduce_fusion_max_tokens(sm_major, 8, 4, 2048)
+    assert limit == (32 if sm_major == 12 else 2048)
+
+
+def test_sm120_token_limit_just_below_at_and_above_the_cap():
+    f = ov.get_flashinfer_allreduce_fusion_max_tokens
+    assert [f(12, bs, 4, 2048) for bs in (511, 512, 513, 4096)] == [2044, 2048, 2048, 2048]
+    assert [f(12, bs, 1, 2048) for bs in (2047, 2048, 2049)] == [2047, 2048, 2048]
+    assert f(12, None, 0, 2048) == 1 and f(12, 0, 4, 2048) == 4  # no CUDA graphs: one request
+
+
+def test_fusion_token_limit_without_speculation_ignores_draft_tokens(published, monkeypatch):
+    """A draft-token setting left over without a speculative algorithm does not widen the limit."""
+    from sglang.srt.layers.layer_boundary.residual import add_norm
+    from sglang.srt.runtime_context import get_exec, get_spec
+
+    monkeypatch.setattr(add_norm, "_is_sm120_supported", True)
+    monkeypatch.setattr(add_norm, "_sm120_fuse_allreduce_max_tokens", None)
+    with published(speculative_num_draft_tokens=4):
+        assert get_spec().speculative_algorithm is None and get_spec().speculative_num_draft_tokens == 4
+        assert add_norm.get_fuse_allreduce_max_tokens() == get_exec().graph.cuda_graph_config.decode.max_bs
+
+
+def test_gate_warning_says_what_is_used_and_how_to_get_the_fusion(model_dir, sm, p2p, monkeypatch, caplog):
+    monkeypatch.delenv("SGLANG_ENABLE_PCIE_IPC_ALLREDUCE", raising=False)
+    p2p.ok = False
+    sm(12)
+    with caplog.at_level(logging.WARNING):
+        assert resolved_backend(model_dir, flashinfer_allreduce_fusion_backend="auto") is None
+    (w,) = [r.getMessage() for r in caplog.records if "allreduce fusion is disabled" in r.getMessage()]
+    assert w == ("FlashInfer allreduce fusion is disabled because not all TP ranks have P2P access to each other. "
+                 "Using the unfused allreduce. To use the fusion on SM120, install flashinfer-python>=0.6.17 "
+                 "on a single node with P2P between all TP GPUs and leave SGLANG_ENABLE_PCIE_IPC_ALLREDUCE off; "
+                 "otherwise drop --flashinfer-allreduce-fusion-backend to silence this warning.")

@@ -106,3 +106,18 @@ def test_baseline_env_names(worker, monkeypatch):
     assert baseline_step_ms_from_env() == 20.0
     monkeypatch.setenv("SGLANG_VERIFY_PROFILE_BASELINE_STEP_MS", "15")
     assert baseline_step_ms_from_env() == 15.0
+
+
+def test_events_completing_late_or_never_are_read_in_order():
+    """The profiler on a GPU whose events complete one cycle late (the extend still running), or
+    never (more unfinished cycles than max_pending), and accept lengths in a buffer the caller
+    reuses: the shared fakes of tests/p4_event_order.py (issue 29)."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    import p4_event_order
+
+    from sglang.srt.speculative import spec_profiler as sp
+
+    p4_event_order.check(p4_event_order.run(sp))

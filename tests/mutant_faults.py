@@ -1,0 +1,170 @@
+"""The planted faults of the mutation check (tests/mutants.py runs them; results/mutants/ shows them).
+
+One entry per fault: Mutant(id, area, kind, fault, file, edits, tests). ``file`` is relative to
+the line's base folder (BASE: the SGLang tree's python/sglang/srt/ for a patch line, src/sglpatch/
+for the tool); ``edits`` are (old, new) text replacements, each of which must match exactly once;
+``tests`` are the test files that must catch it. To add a patch (e.g. 0005) or a line, add its
+entries to MUTANTS (and BASE for a new line). The kinds (issue 29) are what a careful person gets
+wrong when porting or editing: ``default`` (a rule tested only at default or convenient values:
+GPU ids from 0 step 1, the installed version, sizes below a cap, this machine's architecture),
+``number`` (a number handed on to upstream code or the user), ``verdict`` (a verdict or advice
+sentence), ``ordering`` (events that complete late or out of order); the first faults (issue 18)
+are ``rule`` (a rule inverted or dropped) and ``name`` (an upstream name misspelt).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+
+class Mutant(NamedTuple):
+    id: str
+    area: str  # the patch (P1..P4) or the tool's module
+    kind: str  # default | number | verdict | ordering | rule | name
+    fault: str
+    file: str
+    edits: list[tuple[str, str]]
+    tests: list[str]
+
+
+BASE = {"0.5.23": "python/sglang/srt/", "0.5.9": "python/sglang/srt/", "tool": "src/sglpatch/"}
+
+HOOK_0523 = """        # SGLANG_VERIFY_PROFILE=1 times each cycle's phases; off: nothing is wrapped.
+        # Only the pipeline stage that hosts the draft runs whole cycles.
+        self.spec_profiler = (
+            maybe_profile_spec_worker(
+                "eagle_v2",
+                get_parallel().tp_rank,
+                draft=(self._draft_worker, "draft"),
+                verify=(self, "verify"),
+                extend=(self._draft_worker, "_draft_extend_for_decode"),
+                accept_lens=lambda out: out.accept_lens,
+                dp_rank=get_parallel().dp_rank,
+            )
+            if self._hosts_draft
+            else None
+        )
+"""
+HOSTS = "        self._hosts_draft = get_parallel().pp_group.is_last_rank\n"
+P1_0523, P4_0523 = "tests/real_0523/test_p1_0523.py", "tests/real_0523/test_p4_0523.py"
+P1, P2 = "tests/patches/test_p1_flashinfer_fusion.py", "tests/patches/test_p2_pcie_custom_ar.py"
+P3, P4 = "tests/patches/test_p3_kimi_k25_eagle3.py", "tests/patches/test_p4_verify_profile.py"
+VERSION_CMP = ("pkg_version.parse(\n        flashinfer_version\n    ) < pkg_version.parse(min_version):",
+               "(\n        flashinfer_version\n    ) < min_version:")  # compared as strings
+POLL_READY = ("            if not ev[cycle.end].query():\n", "            if not ev[_VERIFY_END].query():\n")
+ACCEPT_BY_REF = ("                cycle.accept = accept_lens.clone()\n", "                cycle.accept = accept_lens\n")
+DROP_NEWEST = ("            self._release(self._pending.popleft())\n", "            self._release(self._pending.pop())\n")
+PROFILE_REPORT, DECISION = "tests/test_profile_report.py", "tests/test_decision.py"
+KERNEL = "tests/test_regress.py"  # the crossover, the cap and the judge, as units
+
+MUTANTS: dict[str, list[Mutant]] = {
+    "0.5.23": [
+        Mutant("p4-hook-above-hosts-draft", "P4", "rule", "the profiling hook moved above the lines that set _hosts_draft/_draft_worker",
+               "speculative/eagle_worker_v2.py", [(HOOK_0523, ""), (HOSTS, HOOK_0523 + HOSTS)], [P4_0523]),
+        Mutant("p4-accept-lens-misspelt", "P4", "name", "upstream attribute misspelt: out.accept_len for out.accept_lens",
+               "speculative/eagle_worker_v2.py", [("accept_lens=lambda out: out.accept_lens,", "accept_lens=lambda out: out.accept_len,")], [P4_0523]),
+        Mutant("p4-env-name-misspelt", "P4", "name", "env name misspelt in environ.py: SGLANG_VERIFY_PROFILE_INTERVALS",
+               "environ.py", [("    SGLANG_VERIFY_PROFILE_INTERVAL = ", "    SGLANG_VERIFY_PROFILE_INTERVALS = ")], [P4_0523]),
+        Mutant("p1-gate-removed", "P1", "rule", "the SM120 gate pass no longer run (model_hook.py)",
+               "arg_groups/model_hook.py", [("    run_post_process_pass(server_args, _flashinfer_allreduce_fusion_sm120_gate)\n", "")], [P1_0523]),
+        Mutant("p1-pcie-ipc-rule-inverted", "P1", "rule", "the PCIe-IPC rule inverted: the fusion yields when PCIe-IPC is off",
+               "arg_groups/overrides.py", [("    if pcie_ipc_on:\n", "    if not pcie_ipc_on:\n")], [P1_0523]),
+        Mutant("p1-base-gpu-id-misspelt", "P1", "name", "upstream attribute misspelt: view.base_gpu for view.base_gpu_id",
+               "arg_groups/overrides.py", [("view.base_gpu_id + i", "view.base_gpu + i")], [P1_0523]),
+        Mutant("p1-cuda-graph-config-misspelt", "P1", "name", "upstream attribute misspelt: graph.cuda_graph_configs",
+               "layers/layer_boundary/residual/add_norm.py", [("get_exec().graph.cuda_graph_config\n", "get_exec().graph.cuda_graph_configs\n")], [P1_0523]),
+        Mutant("p1-multicast-precheck-back", "P1", "rule", "the SM120 pre-check asks for the multicast granularity again",
+               "layers/flashinfer_comm_fusion.py", [("        if get_platform().is_sm120:\n            # FlashInfer maps", "        if False:\n            # FlashInfer maps")], [P1_0523]),
+        Mutant("p1-startup-line-dropped", "P1", "rule", "BaseRunner._warmup no longer logs the decode/verify allreduce",
+               "model_executor/runner/base_runner.py", [("        self._log_decode_allreduce_path()\n", "")], [P1_0523]),
+        Mutant("p1-startup-line-wrong-order", "P1", "rule", "the start-up line names PCIe-IPC ahead of the custom allreduce (not the dispatch order)",
+               "layers/flashinfer_comm_fusion.py", [('    ca_comm = getattr(group, "ca_comm", None)\n', '    ca_comm = None\n')], [P1_0523]),
+        # issue 29: the four kinds
+        Mutant("p1-gpu-id-step-dropped", "P1", "default", "the P2P probe walks GPUs base_gpu_id + i (gpu_id_step ignored)",
+               "arg_groups/overrides.py", [("view.base_gpu_id + i * view.gpu_id_step", "view.base_gpu_id + i")], [P1_0523]),
+        Mutant("p1-version-floor-as-strings", "P1", "default", "the flashinfer floor compared as strings: 0.6.9 passes, 0.10.0 is refused",
+               "arg_groups/overrides.py", [VERSION_CMP], [P1_0523]),
+        Mutant("p1-sm100-blocked", "P1", "default", "SM100 no longer passes the gate untouched (only SM90 does)",
+               "arg_groups/overrides.py", [("    if sm_major in (9, 10):\n        return None\n", "    if sm_major == 9:\n        return None\n")], [P1_0523]),
+        Mutant("p1-token-limit-uncapped", "P1", "number", "the SM120 token limit no longer capped at upstream's maximum",
+               "arg_groups/overrides.py", [("    return max(1, min(upstream_max, tokens))\n", "    return max(1, tokens)\n")], [P1_0523]),
+        Mutant("p1-token-limit-no-spec-draft", "P1", "number", "without speculation the token limit still multiplies by the draft-token setting",
+               "layers/layer_boundary/residual/add_norm.py",
+               [("(spec.speculative_num_draft_tokens or 1) if spec.speculative_algorithm else 1,", "(spec.speculative_num_draft_tokens or 1),")], [P1_0523]),
+        Mutant("p1-advice-unfused-dropped", "P1", "verdict", "the gate's warning no longer says the unfused allreduce is used",
+               "arg_groups/overrides.py", [('        "Using the unfused allreduce. To use the fusion on SM120, install "\n',
+                                            '        "To use the fusion on SM120, install "\n')], [P1_0523]),
+        Mutant("p1-measured-path-advice-dropped", "P1", "verdict", "the fused start-up warning no longer names the measured path (PCIe-IPC)",
+               "layers/flashinfer_comm_fusion.py", [(' The measured path is SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=1."', '"')], [P1_0523]),
+        Mutant("p4-read-before-extend-done", "P4", "ordering", "a cycle is read once its verify event completed, before its extend event",
+               "speculative/spec_profiler.py", [POLL_READY], [P4_0523]),
+        Mutant("p4-overflow-drops-newest", "P4", "ordering", "a full queue of unfinished cycles drops the newest, not the oldest",
+               "speculative/spec_profiler.py", [DROP_NEWEST], [P4_0523]),
+        Mutant("p4-accept-read-late", "P4", "ordering", "the accept lengths kept by reference: a tensor reused before the events complete is read late",
+               "speculative/spec_profiler.py", [ACCEPT_BY_REF], [P4_0523]),
+    ],
+    "0.5.9": [
+        Mutant("p1-p2p-rule-inverted", "P1", "rule", "the P2P rule inverted in get_flashinfer_allreduce_fusion_blocker",
+               "server_args.py", [("    if not p2p_ok:\n", "    if p2p_ok:\n")], [P1]),
+        Mutant("p2-missing-pairs-inverted", "P2", "rule", "the P2P matrix reports the pairs that work as missing",
+               "distributed/device_communicators/custom_all_reduce.py", [("        if src != dst and not ok\n", "        if src != dst and ok\n")], [P2]),
+        Mutant("p3-delegation-inverted", "P3", "rule", "Kimi-K2.5 delegation raises when the language model has the method",
+               "models/kimi_k25.py", [("        if method is None:\n", "        if method is not None:\n")], [P3]),
+        Mutant("p4-v1-bonus-token-dropped", "P4", "rule", "EAGLE v1 accept lengths without the bonus token",
+               "speculative/eagle_worker.py", [("[n + 1 for n in out[1].accept_length_per_req_cpu]", "[n for n in out[1].accept_length_per_req_cpu]")], [P4]),
+        # issue 29: the four kinds
+        Mutant("p1-gpu-id-step-dropped", "P1", "default", "the P2P probe walks GPUs base_gpu_id + i (gpu_id_step ignored)",
+               "server_args.py", [("self.base_gpu_id + i * self.gpu_id_step", "self.base_gpu_id + i")], [P1]),
+        Mutant("p1-version-floor-as-strings", "P1", "default", "the flashinfer floor compared as strings: 0.6.9 passes, 0.10.0 is refused",
+               "server_args.py", [VERSION_CMP], [P1]),
+        Mutant("p2-one-stage-cap-at-4-ranks", "P2", "default", "the one-stage cap for 4 ranks taken as the 6-8 rank one (< 4, not <= 4)",
+               "distributed/device_communicators/custom_all_reduce.py", [("(512 if world_size <= 4 else 256)", "(512 if world_size < 4 else 256)")], [P2]),
+        Mutant("p2-cap-exclusive", "P2", "number", "a tensor of exactly the cap goes to NCCL (< for <=)",
+               "distributed/device_communicators/custom_all_reduce.py",
+               [("            return inp_size <= self.max_custom_ar_bytes\n", "            return inp_size < self.max_custom_ar_bytes\n")], [P2]),
+        Mutant("p2-captured-bs-from-max-bs", "P2", "default", "the default cap reads cuda_graph_max_bs even when --cuda-graph-bs lists the sizes",
+               "distributed/device_communicators/custom_all_reduce.py",
+               [("        bs = max(args.cuda_graph_bs) if args.cuda_graph_bs else args.cuda_graph_max_bs\n",
+                 "        bs = args.cuda_graph_max_bs\n")], [P2]),
+        Mutant("p2-full-nvlink-flag-not-handed", "P2", "number", "sgl-kernel's init_custom_ar gets full_nvlink only (no kernel on PCIe ranks)",
+               "distributed/device_communicators/custom_all_reduce.py",
+               [("self.meta_ptrs, self.rank_data, rank, self.full_nvlink or pcie_custom_ar", "self.meta_ptrs, self.rank_data, rank, self.full_nvlink")], [P2]),
+        Mutant("p2-advice-dropped", "P2", "verdict", "the PCIe warning no longer names SGLANG_ENABLE_PCIE_CUSTOM_AR=1",
+               "distributed/device_communicators/custom_all_reduce.py",
+               [('"for small tensors only, set SGLANG_ENABLE_PCIE_CUSTOM_AR=1."', '"for small tensors only, see the docs."')], [P2]),
+        Mutant("p1-advice-unfused-dropped", "P1", "verdict", "the gate's warning no longer says the unfused allreduce is used",
+               "server_args.py", [('                "Using the unfused allreduce. To use the fusion on SM120, install "\n',
+                                   '                "To use the fusion on SM120, install "\n')], [P1]),
+        Mutant("p4-read-before-extend-done", "P4", "ordering", "a cycle is read once its verify event completed, before its extend event",
+               "speculative/spec_profiler.py", [POLL_READY], [P4]),
+        Mutant("p4-overflow-drops-newest", "P4", "ordering", "a full queue of unfinished cycles drops the newest, not the oldest",
+               "speculative/spec_profiler.py", [DROP_NEWEST], [P4]),
+        Mutant("p4-accept-read-late", "P4", "ordering", "the accept lengths kept by reference: a tensor reused before the events complete is read late",
+               "speculative/spec_profiler.py", [ACCEPT_BY_REF], [P4]),
+    ],
+    "tool": [
+        Mutant("profile-break-even-all-batches", "profile-report", "default", "break-even from the mean cycle of all batch sizes, not batch 1's",
+               "gpu/profile_report.py", [('break_even_accept_length(bs1["cycle_ms_mean"], baseline_step_ms)', "break_even_accept_length(cycle_ms, baseline_step_ms)")],
+               [PROFILE_REPORT]),
+        Mutant("profile-verdict-overall-accept", "profile-report", "default", "the verdict compares the overall accept length, not batch 1's",
+               "gpu/profile_report.py", [('        if bs1["accept_length"] > s["break_even_accept_length"]:', '        if s["accept_length"] > s["break_even_accept_length"]:')],
+               [PROFILE_REPORT]),
+        Mutant("profile-advice-cut", "profile-report", "verdict", "the SLOWER verdict no longer advises serving without speculation",
+               "gpu/profile_report.py", [('or cut verify time, else serve without speculation"', 'or cut verify time"')], [PROFILE_REPORT]),
+        Mutant("decision-verify-at-decode-rows", "decision", "number", "the projected cycle uses the decode-row latency difference, not the verify rows'",
+               "gpu/decision.py", [('        cycle = base["spec_cycle_ms"] - d_ver\n', '        cycle = base["spec_cycle_ms"] - d_dec\n')], [DECISION]),
+        Mutant("decision-verify-rows-sum", "decision", "default", "verify rows as batch + draft tokens - 1 (the same at batch 1)",
+               "gpu/decision.py", [('cfg["batch_size"] * cfg["draft_tokens"]', 'cfg["batch_size"] + cfg["draft_tokens"] - 1')], [DECISION]),
+        Mutant("decision-interpolation-mirrored", "decision", "number", "interpolation weights mirrored ((hi - n) for (n - lo))",
+               "gpu/decision.py", [("* (n - lo) / (hi - lo)", "* (hi - n) / (hi - lo)")], [DECISION]),
+        Mutant("crossover-first-loss", "kernel", "default", "the crossover taken at the first loss, a lone dip below it included",
+               "gpu/kernel.py", [("        if all(not wins[m] for m in sizes[i:]):\n", "        if not wins[n]:\n")], [KERNEL]),
+        Mutant("p2-cap-bytes-per-element", "kernel", "number", "the recommended P2 cap counts 1 byte per bf16 element",
+               "gpu/kernel.py", [('"recommended_max_bytes": cap_rows * hidden * 2', '"recommended_max_bytes": cap_rows * hidden')], [KERNEL]),
+        Mutant("judge-nccl-errors-pass", "kernel", "verdict", "the judge no longer fails a run whose NCCL backends failed to set up",
+               "gpu/kernel.py", [("            if b in NCCL_LABELS or (b in required and inst is installs[0]):\n",
+                                  "            if b in required and inst is installs[0]:\n")], [KERNEL]),
+        Mutant("bisect-skip-exit-code", "bisect", "number", "a step that cannot run exits 2 to git bisect run (bad), not 125 (skip)",
+               "bisect/model.py", [("exitcodes.ERROR, exitcodes.CANNOT_RUN, 255", "exitcodes.ERROR, exitcodes.USAGE, 255")], ["tests/test_bisect.py"]),
+    ],
+}
