@@ -61,6 +61,9 @@ def test_wheel_sourced_tree_installs_editable_with_the_wheels_metadata(line_0523
     assert res.returncode == 0, res.stderr[-3000:]
     assert f"installed sglang 0.5.23 editable from {wd / 'python'} into {py}" in res.stdout
     assert not (wd / "python" / "pyproject.toml").exists()
+    # what it lacks is named, with a way that works for a tree without build files (not `pip install -e`)
+    assert f"warning: {py} cannot import sglang yet" in res.stdout and "scripts/apply.sh --venv NEWDIR" in res.stdout
+    assert "pip install -e" not in res.stdout
     after = _listing(site)
     assert sorted(set(after) - set(before))[:1] == ["__editable__.sglang-0.5.23.pth"]
     assert (site / "__editable__.sglang-0.5.23.pth").read_text() == f"{(wd / 'python').resolve()}\n"

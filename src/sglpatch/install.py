@@ -169,6 +169,12 @@ def report(python: str, workdir: Path, version: str | None) -> list[str]:
         return [f"{python} imports sglang {st.version or '?'} from {st.file}"]
     if st is not None and st.lacks_dependencies:
         tree = str(Path(workdir).resolve() / "python")
+        if wheel_sourced(Path(tree)):  # no pyproject.toml: `pip install -e` cannot read the pins from it
+            return [
+                f"warning: {python} cannot import sglang yet: {pyenv.missing_summary(st)}",
+                f"  SGLang {version}'s own dependencies: build a complete new venv (the release's pinned set, checked first): "
+                "scripts/apply.sh --venv NEWDIR",
+            ]
         return [
             f"warning: {python} cannot import sglang yet: {pyenv.missing_summary(st)}",
             f"  install SGLang {version}'s own dependencies: {pyenv.deps_command(python, tree, version, find_uv())}",
