@@ -91,3 +91,21 @@ def test_wheel_sourced_tree_installs_editable_with_the_wheels_metadata(line_0523
     un = subprocess.run([str(py), "-m", "pip", "uninstall", "-y", "sglang"], capture_output=True, text=True)
     assert un.returncode == 0 and "Successfully uninstalled sglang-0.5.23" in un.stdout
     assert _listing(site) == before
+
+
+def test_the_fix_a_not_set_up_refusal_names_works_as_typed(tmp_path):
+    """`rebase` on a workdir that is not set up names one command; typed as shown (from the tool's
+    own Python, which apply refuses to install into) it sets the workdir up, and the rebase then
+    gets past that refusal."""
+    import re
+    import shlex
+
+    wd = tmp_path / "fresh"
+    res = sglpatch("rebase", "--workdir", str(wd), "--onto", "0.5.10.post1")
+    assert res.returncode == 1 and not wd.exists(), res.stderr
+    cmd = re.search(r"run `(sglpatch apply [^`]+)` first", res.stderr).group(1)
+    assert cmd == f"sglpatch apply --workdir {wd} --no-install"
+    done = sglpatch(*shlex.split(cmd)[1:], "--source", "sdist")
+    assert done.returncode == 0, done.stderr[-2000:]
+    again = sglpatch("status", "--workdir", str(wd))
+    assert again.returncode == 0 and "state:    in sync with the series" in again.stdout, again.stdout + again.stderr
