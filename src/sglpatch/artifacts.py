@@ -228,6 +228,13 @@ def metadata(path: Path) -> email.message.Message:
     return email.parser.Parser().parsestr(text)
 
 
+def metadata_bytes(path: Path) -> bytes:
+    """A wheel's METADATA file, byte for byte (b"" when it has none)."""
+    with readable(path), zipfile.ZipFile(path) as zf:
+        name = next((n for n in zf.namelist() if re.fullmatch(r"[^/]+\.dist-info/METADATA", n)), None)
+        return zf.read(name) if name else b""
+
+
 def zip_has(path: Path, member: str) -> bool:
     with readable(path), zipfile.ZipFile(path) as zf:
         return member in zf.namelist()

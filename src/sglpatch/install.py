@@ -4,17 +4,21 @@ say what that interpreter now imports, or what it still lacks and the command th
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import os
 import shutil
 import subprocess
 import sys
+import tempfile
+import zipfile
 from pathlib import Path
 
 from sglpatch import exitcodes, pyenv
 from sglpatch.errors import SglpatchError
 from sglpatch.gitcmd import Git
 from sglpatch.pyenv import find_uv
-from sglpatch.workdir import INSTALLED_KEY
+from sglpatch.workdir import INSTALLED_KEY, scratch_dir
 
 GENERATED = ("python/sglang/_version.py",)  # rewritten by setuptools-scm during the build
 
@@ -59,8 +63,49 @@ def installed_sglang(python: str) -> tuple[str, str] | None:
     return (lines[-2], lines[-1]) if len(lines) >= 2 else None
 
 
-def install(workdir: Path, python: str | None = None, installer: str = "auto", version: str | None = None) -> str:
-    """Editable-install DIR/python into python's environment. Returns a one-line summary."""
+def wheel_sourced(src: Path) -> bool:
+    """A tree taken from a wheel (wheel-only releases, 0.5.11+): python/sglang/ and no build files."""
+    return not ((src / "pyproject.toml").is_file() or (src / "setup.py").is_file())
+
+
+def _record_hash(data: bytes) -> str:
+    return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+
+
+def editable_wheel(src: Path, metadata: bytes, name: str, version: str, dest: Path) -> Path:
+    """An editable wheel for a wheel-sourced tree: a .pth that puts src on sys.path, and a dist-info
+    carrying the release wheel's own METADATA (its version and Requires-Dist, byte for byte).
+    Installed by pip or uv like any wheel, so `pip uninstall` removes exactly what it added."""
+    dist = f"{name}-{version}.dist-info"
+    files = {
+        f"__editable__.{name}-{version}.pth": (str(src.resolve()) + "\n").encode(),
+        f"{dist}/METADATA": metadata,
+        f"{dist}/WHEEL": b"Wheel-Version: 1.0\nGenerator: sglpatch\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+    record = "".join(f"{k},{_record_hash(v)},{len(v)}\n" for k, v in files.items()) + f"{dist}/RECORD,,\n"
+    files[f"{dist}/RECORD"] = record.encode()
+    whl = dest / f"{name}-{version}-py3-none-any.whl"
+    with zipfile.ZipFile(whl, "w", zipfile.ZIP_DEFLATED) as zf:
+        for k, v in files.items():
+            zf.writestr(zipfile.ZipInfo(k, date_time=(1980, 1, 1, 0, 0, 0)), v)
+    return whl
+
+
+def _release_metadata(lock) -> bytes:
+    """The locked wheel's METADATA (index-verified, from the cache or downloaded)."""
+    from sglpatch import artifacts
+
+    _, path = artifacts.fetch(lock.name, lock.version, "wheel", expect_sha256=lock.sdist_sha256)
+    data = artifacts.metadata_bytes(path)
+    if not data:
+        raise SglpatchError(f"{path.name} carries no METADATA; cannot make the editable install's dist-info")
+    return data
+
+
+def install(workdir: Path, python: str | None = None, installer: str = "auto", version: str | None = None, lock=None) -> str:
+    """Editable-install DIR/python into python's environment. Returns a one-line summary. A
+    wheel-sourced tree (no pyproject.toml) goes in as a generated editable wheel (editable_wheel),
+    whose METADATA is the locked wheel's (lock)."""
     workdir = Path(workdir).resolve()
     py = python or sys.executable
     if not (shutil.which(py) or Path(py).is_file()):
@@ -73,6 +118,26 @@ def install(workdir: Path, python: str | None = None, installer: str = "auto", v
     uv = find_uv() if installer in ("auto", "uv") else None
     if installer == "uv" and not uv:
         raise SglpatchError("--installer uv: uv not found on PATH or in ~/.local/bin")
+    if wheel_sourced(src):
+        if lock is None or lock.artifact_kind != "wheel":
+            raise SglpatchError(f"{src} has no pyproject.toml (a wheel-sourced tree) and its lock pins no wheel; re-run `sglpatch apply`")
+        metadata = _release_metadata(lock)
+        with tempfile.TemporaryDirectory(prefix="sglpatch-editable-", dir=scratch_dir(Git(workdir))) as tmp:
+            whl = editable_wheel(src, metadata, lock.name, lock.version, Path(tmp))
+            if uv:
+                cmd = [uv, "pip", "install", "--python", py, "--no-deps", str(whl)]
+            else:
+                cmd = [py, "-m", "pip", "install", "--no-deps", "--disable-pip-version-check", str(whl)]
+            print(f"sglpatch: installing (editable, a .pth to {src} + {lock.name} {lock.version}'s METADATA): {' '.join(cmd)}",
+                  file=sys.stderr, flush=True)
+            proc = subprocess.run(cmd, stdout=sys.stderr, stderr=sys.stderr)
+        if proc.returncode != 0:
+            raise SglpatchError(
+                f"installing {src} failed (exit {proc.returncode}, see above); the patched tree is ready in {workdir}: "
+                "fix the environment and re-run, or use --no-install"
+            )
+        record(workdir, py)
+        return f"installed sglang {lock.version} editable from {src} into {py}"
     if uv:
         cmd = [uv, "pip", "install", "--python", py, "--no-deps", "-e", str(src)]
     else:
@@ -104,6 +169,12 @@ def report(python: str, workdir: Path, version: str | None) -> list[str]:
         return [f"{python} imports sglang {st.version or '?'} from {st.file}"]
     if st is not None and st.lacks_dependencies:
         tree = str(Path(workdir).resolve() / "python")
+        if wheel_sourced(Path(tree)):  # no pyproject.toml: `pip install -e` cannot read the pins from it
+            return [
+                f"warning: {python} cannot import sglang yet: {pyenv.missing_summary(st)}",
+                f"  SGLang {version}'s own dependencies: build a complete new venv (the release's pinned set, checked first): "
+                "scripts/apply.sh --venv NEWDIR",
+            ]
         return [
             f"warning: {python} cannot import sglang yet: {pyenv.missing_summary(st)}",
             f"  install SGLang {version}'s own dependencies: {pyenv.deps_command(python, tree, version, find_uv())}",

@@ -46,11 +46,13 @@ def _cmd_apply(args) -> int:
         print(result.message)
         if prep:
             newvenv.create(prep, args.python or sys.executable)
-            print(install.install(workdir, python=str(prep.python), installer=prep.plan.installer, version=read_lock(project).version))
+            print(install.install(workdir, python=str(prep.python), installer=prep.plan.installer, version=read_lock(project).version,
+                                  lock=read_lock(project)))
             newvenv.mark_complete(prep)
             _venv_summary(prep, args)
         elif not args.no_install:
-            print(install.install(workdir, python=args.python, installer=args.installer, version=read_lock(project).version))
+            print(install.install(workdir, python=args.python, installer=args.installer, version=read_lock(project).version,
+                                  lock=read_lock(project)))
             py = args.python or sys.executable
             print("\n".join(install.report(py, workdir, read_lock(project).version)))
         patches = stack.carried(project, workdir)

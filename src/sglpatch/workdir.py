@@ -55,7 +55,7 @@ def open_workdir(workdir: Path, create: bool) -> Git:
         raise SglpatchError(f"{workdir} exists and is not a directory; choose another --workdir")
     if not workdir.exists() or (workdir.is_dir() and not any(workdir.iterdir())):
         if not create:
-            raise SglpatchError(f"{workdir} is not set up yet; run `sglpatch apply --workdir {workdir}` first")
+            raise SglpatchError(f"{workdir} is not set up yet; run `sglpatch apply --workdir {workdir} --no-install` first (builds the tree, installs nothing)")
         workdir.mkdir(parents=True, exist_ok=True)
         git = Git(workdir)
         git.run("init", "-q", f"--initial-branch={PATCHED_BRANCH}")
