@@ -111,7 +111,7 @@ def test_ab_compares_two_installs_in_one_report(tmp_path, patched_python, tokeni
                 assert name == "no_spec" and key in ("accept_length", "verify_ms_p4")
                 assert r["ratio_b_over_a"][key] is None
                 continue
-            assert r["ratio_b_over_a"][key] == pytest.approx(r["b"][key] / r["a"][key], rel=1e-3)
+            assert r["ratio_b_over_a"][key] == round(r["b"][key] / r["a"][key], 3)  # handed on rounded to 3 places
     tok = "single_stream_tok_s"
     assert rows["no_spec"]["a"][tok] == next(m for m in a["modes"] if m["mode"] == "no_spec")["benchmark"][tok]
     assert rows["no_spec"]["ratio_b_over_a"][tok] > 1.3  # B decodes three times as fast (a loaded box narrows it)
