@@ -9,8 +9,8 @@ Checks, in order (`doctor_procs`, `doctor_checks`, `doctor_gpu`):
   4. topology, p2p-matrix, p2p-copy (a real copy per pair, each under a deadline), allreduce
   5. gpu-memory  free memory per GPU against the profile's [model] weights_gib / tp + margin
 
-Exit status: 0 nothing failed; 1 a check failed; 125 nothing failed but no GPU is visible here
-(the GPU checks could not run); 2 a usage error.  `sglpatch regress --tier server` runs the
+Exit status: 0 nothing failed; 1 a check failed; 125 no GPU is visible here (the GPU checks
+could not run; the failed checks are still listed), unless stale workers hold a device; 2 a usage error.  `sglpatch regress --tier server` runs the
 doctor first and refuses the load when a check fails (`--no-doctor` skips it).
 
 Every fact from outside is injectable (`Box`): the nvidia-smi program, the /proc root, the
@@ -40,7 +40,7 @@ from sglpatch.gpu.served import imported_sglang, version_tuple
 EXIT_OK, EXIT_FAIL, EXIT_CANNOT_RUN = exitcodes.OK, exitcodes.ERROR, exitcodes.CANNOT_RUN
 DESCRIPTION = ("Check the box before a load: stale GPU processes, the serving Python and what it sees, driver and "
                "toolkits, topology and a real P2P copy per GPU pair, free GPU memory. Exit 0: nothing failed; 1: a "
-               "check failed; 125: no GPU visible here; 2: a usage error.")
+               "check failed; 125: no GPU visible here (checks that failed are listed); 2: a usage error.")
 
 
 @dataclass
@@ -73,7 +73,7 @@ def check_procs(sc: dict, ended: list[str]) -> dc.Check:
     done = f"ended {n_ended} stale process(es); " if n_ended else ""
     data = {"procs": [p.to_json() for p in procs], "smi_only": smi_only, "ended": ended}
     if stale:
-        names = ", ".join(f"pid {p.pid} ({p.cmdline.split()[0] if p.cmdline else '?'}, "
+        names = ", ".join(f"pid {p.pid} ({dp.one_line(p.cmdline.split()[0]) if p.cmdline.split() else '?'}, "
                           f"{p.gpu_mem_mib if p.gpu_mem_mib is not None else '?'} MiB, age {dp.age(p.age_s)})" for p in stale)
         return dc.Check("gpu-procs", "fail", f"{done}{len(stale)} stale SGLang/torch worker(s) (parent gone) hold the "
                         f"GPUs: {names}", "sglpatch doctor --kill-stale (ends exactly these: process group, then PID)",
@@ -81,7 +81,7 @@ def check_procs(sc: dict, ended: list[str]) -> dc.Check:
     if not sc["devices"]:
         return dc.Check("gpu-procs", "skip", f"{done}no /dev/nvidia* device here", details=details, data=data)
     if procs:
-        names = ", ".join(f"pid {p.pid} ({p.cmdline.split()[0] if p.cmdline else '?'}"
+        names = ", ".join(f"pid {p.pid} ({dp.one_line(p.cmdline.split()[0]) if p.cmdline.split() else '?'}"
                           + (f"; kept: {p.evidence}" if p.worker and p.evidence else "") + ")" for p in procs)
         return dc.Check("gpu-procs", "warn", f"{done}{len(procs)} live process(es) hold the GPUs, none stale: {names}",
                         "stop the server that owns them before a load (they hold GPU memory)", details, data)
@@ -166,7 +166,10 @@ def run_doctor(python: str, prof: dict, project: Path, box: Box | None = None, e
     add(dg.check_backend(klass, version_tuple(served.get("sglang_version")), kernel_report))
     add(dg.check_memory(dg.query_memory(smi) if rows else [], prof, info.get("env") or env))
     fails = [c for c in checks if c.state == "fail"]
-    code = EXIT_FAIL if fails else (EXIT_OK if rows else EXIT_CANNOT_RUN)
+    # no GPU: the GPU checks could not run, so 125 (not 1 for a Python that lacks what a GPU box has),
+    # unless stale workers hold a device here (those fail wherever nvidia-smi is missing)
+    held = any(c.name == "gpu-procs" and c.state == "fail" for c in checks)
+    code = EXIT_FAIL if fails and (rows or held) else (EXIT_OK if rows else EXIT_CANNOT_RUN)
     status = {EXIT_OK: "ok", EXIT_FAIL: "fail", EXIT_CANNOT_RUN: "cannot_run"}[code]
     counts = {s: sum(1 for c in checks if c.state == s) for s in dc.STATES}
     out(f"doctor: {status} (exit {code}): " + ", ".join(f"{n} {s}" for s, n in counts.items() if n)

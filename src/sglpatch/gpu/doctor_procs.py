@@ -245,12 +245,34 @@ def _alive(p: psutil.Process) -> bool:
         return False
 
 
+def _not_permitted(p: psutil.Process) -> str | None:
+    """Why this doctor may not signal p (another user's process, not root), or None."""
+    try:
+        os.kill(p.pid, 0)
+        return None
+    except PermissionError:
+        try:
+            owner = p.username()
+        except psutil.Error:
+            owner = "another user"
+        return (f"not permitted (EPERM: it belongs to {owner}, this doctor runs as uid {os.geteuid()}): "
+                f"run `sglpatch doctor --kill-stale` as root or as {owner}")
+    except ProcessLookupError:
+        return None
+
+
 def end_stale(stale: list[GpuProc], grace: float = 10.0) -> list[str]:
     """End the stale workers and what they started; one line per process ended (or not)."""
     targets: dict[int, psutil.Process] = {}
     why: dict[int, str] = {}
+    lines, done = [], set()
     for gp in stale:
-        if gp.proc is None or not _alive(gp.proc):
+        if gp.proc is None or not _alive(gp.proc):  # e.g. during the [y/N] prompt
+            lines.append(f"pid {gp.pid} ({one_line(gp.cmdline)[:80]}) exited by itself before it was signalled: nothing sent")
+            continue
+        denied = _not_permitted(gp.proc)
+        if denied:
+            lines.append(f"pid {gp.pid} ({one_line(gp.cmdline)[:80]}) not ended: {denied}")
             continue
         targets[gp.pid] = gp.proc
         why[gp.pid] = one_line(gp.cmdline)[:80]
@@ -266,7 +288,6 @@ def end_stale(stale: list[GpuProc], grace: float = 10.0) -> list[str]:
             groups.setdefault(os.getpgid(pid), set()).add(pid)
         except OSError:
             continue
-    lines, done = [], set()
     for pgid, pids in sorted(groups.items()):
         unsafe = unsafe_group(pgid)
         if not unsafe and _group_members(pgid) <= set(targets):  # the whole group is stale: the group, then each PID
@@ -292,7 +313,9 @@ def end_stale(stale: list[GpuProc], grace: float = 10.0) -> list[str]:
             how = f"its PID ({unsafe or 'its process group holds other processes too'})"
         for pid in sorted(pids):
             done.add(pid)
+            denied = _not_permitted(targets[pid]) if pid in left else None
             lines.append(f"ended pid {pid} ({why[pid]}) by {how}" if pid not in left else
+                         f"pid {pid} ({why[pid]}) not ended: {denied}" if denied else
                          f"pid {pid} ({why[pid]}) is still alive after SIGKILL: stuck in the driver "
                          f"(state D)? check `cat /proc/{pid}/stack`; only a GPU reset or reboot frees it")
     return lines

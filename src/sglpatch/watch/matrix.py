@@ -16,7 +16,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from sglpatch import artifacts, pkgindex, rebase, stack, treecache
+from sglpatch import artifacts, exitcodes, pkgindex, rebase, stack, treecache
 from sglpatch import upstream as up
 from sglpatch.errors import SglpatchError, say
 from sglpatch.fsutil import private_tmpdir
@@ -135,14 +135,24 @@ def _parse_range(spec: str | None, name: str, pinned: str) -> list[str]:
     empty); "A,B,C": exactly these (each item may itself be a range), ascending, once each."""
     if not spec:
         return pkgindex.releases(name, after=pinned)
-    if "," in spec:
-        from packaging.version import Version
+    from packaging.version import InvalidVersion, Version
 
+    from sglpatch.rebase.target import no_release
+
+    if "," in spec:
         out = {v for part in spec.split(",") if part.strip() for v in _parse_range(part.strip(), name, pinned)}
         return sorted(out, key=Version)
     if ".." not in spec:
+        if spec not in pkgindex.releases(name):  # a usage error, as `rebase --onto` says it
+            raise no_release(name, spec, f"--releases {spec}: not a release of {name} on the index")
         return [spec]
     a, b = spec.split("..", 1)
+    try:
+        if a and b and Version(a) > Version(b):
+            raise SglpatchError(f"--releases {spec}: {a} comes after {b} (the range is inclusive, oldest first): "
+                                f"did you mean {b}..{a}?", exitcodes.USAGE)
+    except InvalidVersion:
+        raise SglpatchError(f"--releases {spec}: not a version range (A..B, e.g. 0.5.10..0.5.12)", exitcodes.USAGE) from None
     return pkgindex.releases(name, first=a or None, upto=b or None, after=None if a else pinned)
 
 

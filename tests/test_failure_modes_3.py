@@ -1,0 +1,132 @@
+"""Issue 28, the rough edges: each one a clear line now (docs/failure-modes.md, "issue 28: the rough
+edges"). Unit-level where the fault is reachable that way (CI runs on 2 cores); real processes,
+real uids, real git and the real CLI where the fault lives there. Each test failed before its fix."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from conftest import sglpatch
+import sglpatch as sglpatch_pkg
+from sglpatch import exitcodes
+from sglpatch.errors import SglpatchError
+from sglpatch.gpu import doctor, doctor_procs
+
+TOOL_SRC = str(Path(sglpatch_pkg.__file__).resolve().parents[1])
+
+# ----------------------------------------------------------------------------------------------
+# the doctor
+
+
+def _stale(proc: subprocess.Popen | int, cmdline: str = "sglang::scheduler_TP0") -> doctor_procs.GpuProc:
+    pid = proc if isinstance(proc, int) else proc.pid
+    return doctor_procs.GpuProc(pid, ["/dev/nvidia0"], cmdline=cmdline, worker="SGLang worker (sglang::scheduler_TP0)",
+                                parent_gone=True, proc=psutil.Process(pid))
+
+
+needs_root = pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"), reason="needs root and setpriv (two uids)")
+
+
+@needs_root
+def test_kill_stale_on_another_users_worker_says_not_permitted_at_once(tmp_path):
+    """A non-root doctor and a worker of another uid: EPERM named, no 15 s wait, never "stuck in the driver"."""
+    worker = subprocess.Popen(["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups", "sleep", "120"])
+    try:
+        time.sleep(0.2)
+        code = (
+            "import json, sys, time, psutil\n"
+            "from sglpatch.gpu import doctor_procs as dp\n"
+            f"gp = dp.GpuProc({worker.pid}, ['/dev/nvidia0'], cmdline='sglang::scheduler_TP0', worker='w', parent_gone=True,"
+            f" proc=psutil.Process({worker.pid}))\n"
+            "t = time.monotonic(); lines = dp.end_stale([gp], grace=2.0)\n"
+            "print(json.dumps({'lines': lines, 's': time.monotonic() - t}))\n"
+        )
+        env = dict(os.environ, PYTHONPATH=TOOL_SRC, HOME=str(tmp_path))
+        r = subprocess.run(["setpriv", "--reuid", "65533", "--regid", "65533", "--clear-groups", sys.executable, "-c", code],
+                           capture_output=True, text=True, env=env, timeout=60, cwd="/")
+        assert r.returncode == 0, r.stderr
+        got = json.loads(r.stdout)
+        assert got["lines"] == [f"pid {worker.pid} (sglang::scheduler_TP0) not ended: not permitted (EPERM: it belongs to "
+                                "nobody, this doctor runs as uid 65533): run `sglpatch doctor --kill-stale` as root or as nobody"]
+        assert got["s"] < 1.0  # before: SIGTERM grace + 5 s of SIGKILL, then "stuck in the driver"
+        assert worker.poll() is None
+    finally:
+        worker.kill()
+        worker.wait()
+
+
+def test_a_worker_that_exits_during_the_prompt_is_named(monkeypatch):
+    w = subprocess.Popen(["sleep", "120"])
+    gp = _stale(w)
+    monkeypatch.setattr(doctor_procs, "scan", lambda *a, **k: {"procs": [gp]})
+    said = []
+
+    def ask(_):
+        w.kill()
+        w.wait()  # it exits (and is reaped) while the user reads the list
+        return "y"
+
+    lines = doctor._kill_stale(doctor.Box(nvidia_smi="/nonexistent"), False, ask, said.append)
+    want = f"pid {w.pid} (sglang::scheduler_TP0) exited by itself before it was signalled: nothing sent"
+    assert lines == [want] and said[-1] == f"doctor: {want}"
+
+
+def test_the_stale_summary_prints_a_command_line_on_one_line():
+    w = subprocess.Popen(["sleep", "120"])
+    try:
+        gp = _stale(w, cmdline="evil\x1b[2J\nname --x")
+        c = doctor.check_procs({"procs": [gp], "smi_only": {}, "devices": ["/dev/nvidia0"], "unreadable": 0}, [])
+        assert c.state == "fail" and "pid %d (evil\\x1b[2J, ? MiB" % w.pid in c.text
+        assert "\n" not in c.line() and "\x1b" not in c.line() and all("\x1b" not in d and "\n" not in d for d in c.details)
+    finally:
+        w.kill()
+        w.wait()
+
+
+def test_no_gpu_is_125_even_when_the_python_lacks_sglang(tmp_path):
+    from test_doctor import doctor_cli, site
+
+    path = os.pathsep.join([str(site(tmp_path / "s", sglang=None)), TOOL_SRC])  # the sglpatch under test
+    r = doctor_cli(tmp_path, str(tmp_path / "no-nvidia-smi"), env_extra={"PYTHONPATH": path})
+    assert "fail sglang: " in r.stdout
+    assert r.returncode == exitcodes.CANNOT_RUN, r.stdout + r.stderr  # was 1
+    assert r.stdout.splitlines()[-1].startswith("doctor: cannot_run (exit 125): ")
+    assert r.stdout.splitlines()[-1].endswith("1 fail, 7 skip; no GPU visible here, the GPU checks did not run")
+
+
+# ----------------------------------------------------------------------------------------------
+# the command line
+
+
+def test_an_unknown_option_shows_the_commands_usage_not_the_top_level_one():
+    r = sglpatch("rebase", "--dryrun")
+    assert r.returncode == exitcodes.USAGE
+    assert r.stderr.startswith("usage: sglpatch rebase [-h]"), r.stderr
+    assert r.stderr.splitlines()[-1] == "sglpatch rebase: error: unrecognized arguments: --dryrun"
+
+
+def test_watch_releases_not_on_the_index_is_a_usage_error_and_a_reversed_range_says_so(monkeypatch):
+    from sglpatch import pkgindex
+    from sglpatch.watch import matrix
+
+    known = ["0.5.9", "0.5.10", "0.5.10.post1", "0.5.11"]
+    monkeypatch.setattr(pkgindex, "releases", lambda name, after=None, upto=None, first=None: known)
+    with pytest.raises(SglpatchError) as e:
+        matrix._parse_range("0.5.99", "sglang", "0.5.9")
+    assert e.value.exit_code == exitcodes.USAGE  # as `rebase --onto 0.5.99`; was 1 after a failed download
+    assert str(e.value) == "sglang 0.5.99 is not a release on the index; the nearest: 0.5.10.post1, 0.5.11 (0.5.11 is the newest)"
+    with pytest.raises(SglpatchError) as e:
+        matrix._parse_range("0.5.11..0.5.10", "sglang", "0.5.9")
+    assert e.value.exit_code == exitcodes.USAGE
+    assert str(e.value) == ("--releases 0.5.11..0.5.10: 0.5.11 comes after 0.5.10 (the range is inclusive, oldest first): "
+                            "did you mean 0.5.10..0.5.11?")
+    assert matrix._parse_range("0.5.11", "sglang", "0.5.9") == ["0.5.11"]
