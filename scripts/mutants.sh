@@ -7,7 +7,7 @@
 #   scripts/mutants.sh [--line 0.5.23|0.5.9|tool|all] [--only ID[,ID...]] [--check] [--out DIR]
 set -euo pipefail
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
-if wants_help "$@"; then usage; exit 0; fi
+if wants_help "$@"; then help_text; exit 0; fi  # the usage, then the exit codes (0 all killed, 1 one survived)
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PY="${SGLPATCH_TEST_VENV:-$HERE/.venv}/bin/python"
 export PATH="$(dirname "$PY"):$PATH"

@@ -12,6 +12,13 @@
 # loop; the slow end-to-end files, marked `slow` in tests/conftest.py, are left out).
 # The tests keep their own cache ($SGLPATCH_TEST_CACHE, default beside the test venv), never
 # the user's ~/.cache/sglpatch.
+#
+# exit codes (pytest's, not the sglpatch table):
+#   0    every selected test passed
+#   1    a test failed
+#   2    interrupted (Ctrl-C), or quilt/patch missing and not root to install them
+#   4    a pytest usage error (an unknown option, no such test file)
+#   5    no test was selected
 set -euo pipefail
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 if [[ "${1:-}" == -h || "${1:-}" == --help ]]; then usage; exit 0; fi

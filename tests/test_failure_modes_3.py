@@ -15,12 +15,14 @@ from pathlib import Path
 import psutil
 import pytest
 
-from conftest import sglpatch
+import test_failure_modes as fm
+from conftest import ROOT, git, sglpatch
 import sglpatch as sglpatch_pkg
 from sglpatch import exitcodes
 from sglpatch.errors import SglpatchError
 from sglpatch.gpu import doctor, doctor_procs
 
+rb_golden, rb_conflict, golden = fm.rb_golden, fm.rb_conflict, fm.golden  # the failure-mode fixtures
 TOOL_SRC = str(Path(sglpatch_pkg.__file__).resolve().parents[1])
 
 # ----------------------------------------------------------------------------------------------
@@ -130,3 +132,139 @@ def test_watch_releases_not_on_the_index_is_a_usage_error_and_a_reversed_range_s
     assert str(e.value) == ("--releases 0.5.11..0.5.10: 0.5.11 comes after 0.5.10 (the range is inclusive, oldest first): "
                             "did you mean 0.5.10..0.5.11?")
     assert matrix._parse_range("0.5.11", "sglang", "0.5.9") == ["0.5.11"]
+
+
+def test_profile_report_refuses_batch_size_0_and_drops_an_empty_batch_bucket(tmp_path):
+    from sglpatch.gpu import profile_report as pr
+
+    rec = {"cycles": 10, "cycle_ms_mean": 20.0, "draft_ms_mean": 5.0, "verify_ms_mean": 10.0, "extend_ms_mean": 5.0,
+           "accept_length": 2.5, "baseline_step_ms": 10.0}
+    path = tmp_path / "p.jsonl"
+    path.write_text(json.dumps(rec | {"batch_size": 0}) + "\n")  # version 1: tokens / (cycles x 0) divided by zero
+    with pytest.raises(SglpatchError) as e:
+        pr.load(path)
+    assert str(e.value) == f"{path}:1: field batch_size is 0, expected a number > 0"
+    buckets = {"0": {"cycles": 5, "cycle_ms_mean": 20.0, "accept_length": 2.0}, "1": {"cycles": 10, "cycle_ms_mean": 20.0, "accept_length": 2.5}}
+    path.write_text(json.dumps(rec | {"tokens": 25.0, "requests": 10.0, "by_batch_size": buckets}) + "\n")
+    s = pr.summarize(pr.load(path))
+    assert list(s["by_batch_size"]) == ["1"] and s["by_batch_size"]["1"]["accept_length"] == 2.5
+    text = pr.format_text(str(path), s, [])
+    assert "batch 0" not in text and "inf" not in text and "nan" not in text
+
+
+@pytest.mark.parametrize("script, table", [("test.sh", "exit codes (pytest's, not the sglpatch table):\n  0    every selected "
+                                            "test passed\n  1    a test failed\n"), ("mutants.sh", None)])
+def test_test_and_mutants_help_show_their_exit_codes(script, table):
+    table = table or "\n".join(exitcodes.lines())
+    r = subprocess.run(["bash", str(ROOT / "scripts" / script), "--help"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and table in r.stdout, r.stdout
+
+
+def test_the_venv_preflight_fails_a_box_without_a_driver(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    from sglpatch import preflight
+
+    monkeypatch.setenv("PATH", str(tmp_path))  # no nvidia-smi
+    monkeypatch.delenv(preflight.NO_DRIVER_OK, raising=False)
+    plan = SimpleNamespace(packages=[SimpleNamespace(name="torch", version="2.9.1+cu128")])
+    c = preflight.check_driver(plan)
+    assert c.line() == ("preflight: FAIL driver: no NVIDIA driver answers here (nvidia-smi not found): the venv's CUDA 12 "
+                        "(from torch 2.9.1+cu128) cannot run on this box; build it where it serves, or set "
+                        "SGLPATCH_PREFLIGHT_NO_DRIVER=1 to build it for another box")  # was "skip": the verdict passed
+    monkeypatch.setenv(preflight.NO_DRIVER_OK, "1")
+    assert preflight.check_driver(plan).ok is None
+    cpu = SimpleNamespace(packages=[SimpleNamespace(name="torch", version="2.9.1+cpu")])
+    monkeypatch.delenv(preflight.NO_DRIVER_OK)
+    assert preflight.check_driver(cpu).ok is None  # a CPU-only plan needs no driver
+
+
+# ----------------------------------------------------------------------------------------------
+# a damaged rebase state: --abort checks what it restores from before it moves anything
+
+
+def test_abort_checks_a_damaged_state_before_it_moves_anything(tmp_path, rb_conflict):
+    """One real stop (0.5.9 -> 0.5.10.post1, a conflict); each damage is refused with the workdir
+    still at the stop and the project untouched; then an orig.json without `head` falls back on
+    the plan's record and the abort restores everything (was a KeyError)."""
+    c = fm.Case(tmp_path, rb_conflict)
+    before_wd, before = fm._exact(c.fork), fm.snapshot(c.project)
+    assert fm._rebase(c).returncode == exitcodes.HUMAN
+    sdir = c.fork / ".git" / "sglpatch-rebase"
+    stop, saved = git(c.fork, "rev-parse", "HEAD"), tmp_path / "saved-state"
+    shutil.copytree(sdir, saved)
+    other = tmp_path / "other-project"
+    shutil.copytree(c.project, other)
+    orig = json.loads((sdir / "orig.json").read_text())
+
+    def damage(how, *needles, args=(), absent=()):
+        how()
+        msg = fm.refused(c.run("rebase", "--workdir", str(c.fork), *args, "--abort"), *needles)
+        assert git(c.fork, "rev-parse", "HEAD") == stop and fm.snapshot(c.project) == before  # nothing moved
+        assert fm.snapshot(other) == fm.snapshot(c.project)
+        for word in absent:
+            assert word not in msg, msg
+        shutil.rmtree(sdir)
+        shutil.copytree(saved, sdir)
+        return msg
+
+    def both_corrupt():
+        (sdir / "orig.json").write_text("{not json")
+        (sdir / "state.json").write_text("[]")
+
+    damage(both_corrupt, f"cannot abort the rebase in {c.fork}", "orig.json is damaged", "state.json is damaged too",
+           f"git -C {c.fork} reflog", f"then delete {sdir}", args=("--project", str(c.project)), absent=("--abort",))
+    damage(lambda: shutil.rmtree(sdir / "project"), "the snapshot of the project's files", "is damaged or gone",
+           "nothing was changed", args=("--project", str(c.project)))  # was FileNotFoundError after the reset
+    damage(lambda: (sdir / "written.json").write_text('{"../outside/x": null}'), "written.json is damaged",
+           "its entry '../outside/x' is not a path inside the project", args=("--project", str(c.project)),
+           absent=("symbolic link",))
+    damage(lambda: (sdir / "orig.json").write_text(json.dumps(orig | {"project": str(other)})),
+           f"was started from the project {other}, not {c.project}", args=("--project", str(c.project)))
+    damage(lambda: (sdir / "orig.json").write_text(json.dumps(orig | {"project": str(tmp_path / "outside")})),
+           f"names {tmp_path / 'outside'} as the project, which is not an sglpatch project")  # run outside any project
+    (sdir / "orig.json").write_text(json.dumps({"orig": {k: v for k, v in orig["orig"].items() if k != "head"},
+                                                "project": orig["project"]}))
+    fm.ok(fm._rebase(c, "--abort"))
+    assert fm._exact(c.fork) == before_wd and fm.snapshot(c.project) == before and not sdir.exists()
+
+
+# ----------------------------------------------------------------------------------------------
+# the cache
+
+
+def test_a_facts_file_of_the_wrong_shape_is_worked_out_again(tmp_path, monkeypatch):
+    from sglpatch import treecache
+
+    monkeypatch.setenv("SGLPATCH_CACHE", str(tmp_path / "cache"))
+    sha = "a" * 64
+    f = treecache._facts_path("artifact-tree", sha)
+    f.parent.mkdir(parents=True)
+    for text in ("[1, 2]", '"commit"', "null"):
+        f.write_text(text)
+        assert treecache.load_facts("artifact-tree", sha) == {}  # was the list: rec.get() raised AttributeError
+    f.write_text('{"commit": "c"}')
+    assert treecache.load_facts("artifact-tree", sha) == {"commit": "c"}
+
+
+LIMITED = "import resource, sys\nresource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))\n"
+
+
+@pytest.mark.parametrize("what", ["artifact", "facts"])
+def test_a_cache_entry_linked_to_dev_zero_is_one_line_not_a_hang(tmp_path, what):
+    """A cached artifact linked to /dev/zero was hashed forever (the watch hung); a facts file so
+    linked was read into memory. Now: one line for the artifact, the facts worked out again."""
+    cache = tmp_path / "cache"
+    link = cache / "sdist" / "sglang-0.5.9.tar.gz" if what == "artifact" else cache / "trees.git" / "facts" / "artifact" / f"{'b' * 64}.json"
+    link.parent.mkdir(parents=True)
+    link.symlink_to("/dev/zero")
+    code = LIMITED + ("from sglpatch.lock import sha256_file\nprint(sha256_file(sys.argv[1]))\n" if what == "artifact" else
+                      "from sglpatch import treecache\nprint(treecache.load_facts('artifact', 'b' * 64))\n")
+    env = dict(os.environ, PYTHONPATH=TOOL_SRC, SGLPATCH_CACHE=str(cache))
+    r = subprocess.run([sys.executable, "-c", code, str(link)], capture_output=True, text=True, env=env, timeout=20)
+    if what == "facts":
+        assert r.returncode == 0 and r.stdout == "{}\n", r.stderr[-300:]
+    else:
+        assert r.returncode == 1 and r.stderr.strip().splitlines()[-1] == (
+            f"sglpatch.errors.SglpatchError: {link} is a symbolic link (to /dev/zero), not a file: refusing to read it; "
+            "delete it and re-run")

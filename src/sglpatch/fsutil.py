@@ -36,6 +36,23 @@ def inside(root: Path, path: Path, what: str | None = None) -> Path:
     return Path(path)
 
 
+def open_regular(path: Path):
+    """path opened for reading when it is a regular file itself: a symbolic link (to /dev/zero, a
+    FIFO, a file elsewhere) or a device is one line, never read (reading one can hang)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError as e:
+        if e.errno != errno.ELOOP:
+            raise
+        raise SglpatchError(f"{path} is a symbolic link (to {os.readlink(path)}), not a file: refusing to read it; "
+                            "delete it and re-run") from None
+    f = os.fdopen(fd, "rb")
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        f.close()
+        raise SglpatchError(f"{path} is not a regular file (a device or a pipe): refusing to read it; delete it and re-run")
+    return f
+
+
 def no_link(path: Path, hint: str) -> Path:
     """Refuse a symbolic link at path itself (a file sglpatch keeps, e.g. in DIR/.git)."""
     if os.path.islink(path):

@@ -217,8 +217,10 @@ def write_lock(project: Path, lock: Lock) -> bool:
 
 
 def sha256_file(path: Path) -> str:
+    from sglpatch.fsutil import open_regular
+
     h = hashlib.sha256()
-    with open(path, "rb") as f:
+    with open_regular(path) as f:  # a cached artifact linked to /dev/zero: one line, not an endless read
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
     return h.hexdigest()

@@ -92,9 +92,16 @@ def cuda12_for(driver: str) -> str | None:
     return next((f"12.{minor}" for floor, minor in DRIVER_CUDA12 if _vtuple(driver) >= floor), None)
 
 
+NO_DRIVER_OK = "SGLPATCH_PREFLIGHT_NO_DRIVER"  # =1: build a CUDA venv on a box without a driver (for another box)
+
+
 def check_driver(plan, selection=None) -> Check:
     major, why = cuda_major(plan)
-    return driver_verdict(major, why, *gpus(), offer_cuda12=selection is None)
+    rows, exe = gpus()
+    if major is not None and not rows and os.environ.get(NO_DRIVER_OK) != "1":  # the doctor's skip is not a pass here
+        return Check("driver", False, f"no NVIDIA driver answers here ({exe or 'nvidia-smi not found'}): the venv's CUDA {major} "
+                     f"(from {why}) cannot run on this box; build it where it serves, or set {NO_DRIVER_OK}=1 to build it for another box")
+    return driver_verdict(major, why, rows, exe, offer_cuda12=selection is None)
 
 
 def driver_verdict(major: int | None, why: str, rows: list[tuple[str, str]], exe: str, offer_cuda12: bool = False) -> Check:

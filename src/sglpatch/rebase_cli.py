@@ -48,7 +48,7 @@ def _go(args, rebase) -> int:
         if args.onto:
             raise SglpatchError("--onto goes with a new rebase, not with --continue/--skip/--abort", exitcodes.USAGE)
         if args.abort:
-            lines = rebase.abort(cliargs.workdir(args))
+            lines = rebase.abort(cliargs.workdir(args), _here(args))
         else:
             lines = rebase.continue_(cliargs.workdir(args), skip=args.skip)
         print("\n".join(lines))
@@ -65,6 +65,14 @@ def _go(args, rebase) -> int:
     lines = rebase.start(project, cliargs.workdir(args), args.onto, source=args.source, commit=args.commit, url=args.upstream_url)
     print("\n".join(lines))
     return 0
+
+
+def _here(args):
+    """The project this abort runs in: --project, else the one around cwd, else None."""
+    try:
+        return cliargs.project(args)
+    except SglpatchError:
+        return None
 
 
 def register(sub) -> None:

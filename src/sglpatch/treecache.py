@@ -28,7 +28,7 @@ from sglpatch import artifacts, pkgindex
 from sglpatch.cachedir import cache_dir, cache_subdir
 from sglpatch import upstream as up
 from sglpatch.errors import SglpatchError, say
-from sglpatch.fsutil import clean_stale_tmp, crashpoint, private_tmpdir
+from sglpatch.fsutil import clean_stale_tmp, crashpoint, open_regular, private_tmpdir
 from sglpatch.gitcmd import Git, GitError
 from sglpatch.lock import UNKNOWN_COMMIT, Lock, LockError
 
@@ -173,7 +173,8 @@ def release_tree(cg: Git, name: str, version: str, kind: str, subdir: str = "pyt
         art, path = artifacts.fetch(name, version, kind, expect_sha256=expect_sha256)  # raises the one-line error
     commit = cached(cg, art.sha256, art.filename)
     meta = load_facts("artifact", art.sha256)
-    if commit and {"requires_dist", "requires_python", "commit"} <= meta.keys():
+    if commit and isinstance(meta.get("requires_dist"), list) and isinstance(meta.get("requires_python"), str) \
+            and isinstance(meta.get("commit"), str):
         return art, commit, meta
     art, path = artifacts.fetch(name, version, kind, expect_sha256=expect_sha256)
     commit = tree_commit(cg, kind, path, art.sha256, subdir)
@@ -193,10 +194,14 @@ def _facts_path(kind: str, oid: str) -> Path:
 
 
 def load_facts(kind: str, oid: str) -> dict:
+    """The facts kept, or {} (worked out again) when the file is missing, not a regular file (a
+    link to /dev/zero would be read forever), not JSON or not a JSON object (a damaged one)."""
     try:
-        return json.loads(_facts_path(kind, oid).read_text())
-    except (OSError, ValueError):
+        with open_regular(_facts_path(kind, oid)) as f:
+            data = json.loads(f.read())
+    except (OSError, ValueError, SglpatchError):
         return {}
+    return data if isinstance(data, dict) else {}
 
 
 def save_facts(kind: str, oid: str, facts: dict) -> None:

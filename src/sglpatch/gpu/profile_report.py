@@ -65,6 +65,9 @@ def load(path: str | Path) -> list[dict]:
                 raise SglpatchError(f"{path}:{lineno}: field {k} is {rec[k]!r}, expected a number")
         if rec["cycles"] <= 0 or rec["cycle_ms_mean"] <= 0:
             raise SglpatchError(f"{path}:{lineno}: cycles and cycle_ms_mean must be > 0")
+        for k in ("batch_size",):  # a divisor: 0 gave a ZeroDivisionError
+            if k in rec and not (_is_number(rec[k]) and rec[k] > 0):
+                raise SglpatchError(f"{path}:{lineno}: field {k} is {rec[k]!r}, expected a number > 0")
         records.append(rec)
     if not records:
         raise SglpatchError(f"{path}: empty; the server writes a line every SGLANG_VERIFY_PROFILE_INTERVAL cycles")
@@ -103,6 +106,7 @@ def _batch_buckets(r: dict) -> dict[int, list[float]]:
         for bs, b in by_bs.items():
             if (
                 str(bs).isdigit()
+                and int(bs) > 0  # a batch of 0 requests commits nothing
                 and isinstance(b, dict)
                 and all(_is_number(b.get(k)) for k in ("cycles", "cycle_ms_mean", "accept_length"))
             ):

@@ -231,12 +231,14 @@ def _resolved(git: Git, plan: Plan, skip: bool) -> None:
     _drive(git, plan)
 
 
-def abort(workdir: Path) -> list[str]:
+def abort(workdir: Path, here: Path | None = None) -> list[str]:
+    """here: the project this command runs in (None: none found); the recorded one must be it."""
     git = open_workdir(Path(workdir), create=False)
     with exclusive(lockfile(git), str(git.workdir)):
         if not (rebase_state_dir(git) / REBASE_STATE_FILE).exists():
             state.load(git)  # says why there is nothing to abort
         orig, project = state.load_orig(git)  # also when state.json is damaged
+        state.check_abortable(git, project, here)  # before anything moves
         state.mark_abort(git)  # from here on, the next command finishes this abort (never continues)
         crashpoint("rebase:abort:marked")
         # files first (HEAD may be detached at the new stack), then refs, then HEAD

@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import tempfile
 from dataclasses import asdict
 from pathlib import Path
@@ -60,17 +61,74 @@ def save_orig(git: Git, orig: dict, project_root: Path) -> None:
     write_if_changed(rebase_state_dir(git) / "orig.json", json.dumps({"orig": orig, "project": str(project_root)}, indent=1).encode())
 
 
+def _orig_problem(orig) -> str | None:
+    """Why orig (where DIR's refs were) is not the record save_orig writes, or None."""
+    if not isinstance(orig, dict):
+        return "not a JSON object"
+    for key in ("head", "upstream", "patched"):
+        if not (isinstance(orig.get(key), str) and re.fullmatch(r"[0-9a-f]{40}|[0-9a-f]{64}", orig[key])):
+            return f"no commit id under {key!r}"
+    if orig.get("branch") is not None and not isinstance(orig["branch"], str):
+        return "'branch' is not a name"
+    return None
+
+
 def load_orig(git: Git) -> tuple[dict, Path]:
-    """(orig, project) for --abort: from orig.json, which a damaged state.json does not touch."""
+    """(orig, project) for --abort: from orig.json, which a damaged state.json does not touch;
+    refused in one line (nothing changed) when neither says where DIR's branches were."""
     f = rebase_state_dir(git) / "orig.json"
+    why = "missing"
     try:
         data = json.loads(f.read_text())
-        if isinstance(data, dict) and isinstance(data.get("orig"), dict) and isinstance(data.get("project"), str):
+        if not (isinstance(data, dict) and isinstance(data.get("project"), str)):
+            why = "not the record sglpatch writes"
+        elif not (why := _orig_problem(data.get("orig"))):
             return data["orig"], Path(data["project"])
-    except (OSError, ValueError):
+    except FileNotFoundError:
         pass
-    plan = load(git)  # a rebase started by an older sglpatch: orig is in its state
+    except (OSError, ValueError) as e:
+        why = str(e)
+    try:
+        plan = load(git)  # a rebase started by an older sglpatch: orig is in its state
+        bad = _orig_problem(plan.orig) or (None if plan.project else "no project path")
+    except RebaseError:
+        bad = f"{REBASE_STATE_FILE} is damaged too"
+    if bad:
+        raise RebaseError(
+            f"cannot abort the rebase in {git.workdir}: {f} is damaged ({why}) and cannot be stood in for ({bad}), so where the "
+            f"branches were is lost; nothing was changed: find them in `git -C {git.workdir} reflog`, reset them by hand, "
+            f"then delete {f.parent}"
+        )
     return plan.orig, Path(plan.project)
+
+
+def check_abortable(git: Git, project: Path, here: Path | None) -> None:
+    """What --abort restores from, checked before it moves anything: the project is the one this
+    command runs in (here, when known) and a project at all, the snapshot of its files is whole,
+    and every journal entry names a path inside it."""
+    wd, folder = git.workdir, rebase_state_dir(git)
+    if here is not None and os.path.realpath(here) != os.path.realpath(project):
+        raise RebaseError(f"the rebase in {wd} was started from the project {project}, not {here}: nothing was changed; "
+                          f"run the abort there (--project {project})")
+    if not ((project / SERIES_NAME).is_file() and (project / "upstream.lock").is_file()):
+        raise RebaseError(f"{folder}/orig.json names {project} as the project, which is not an sglpatch project (no "
+                          f"series + upstream.lock): nothing was changed; run the abort from the project the rebase started in")
+    snap = folder / "project"
+    try:
+        manifest = json.loads((snap / "manifest.json").read_text())
+        missing = [rel for rel in manifest["present"] if not (snap / "files" / rel).is_file()]
+        if missing or not all(isinstance(manifest[k], list) for k in ("files", "dirs", "present")):
+            raise ValueError(f"{missing[0]} is missing" if missing else "not the record sglpatch writes")
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise RebaseError(
+            f"cannot abort the rebase in {wd}: the snapshot of the project's files {snap} is damaged or gone "
+            f"({getattr(e, 'strerror', None) or e}); nothing was changed: restore {project}'s series, patches/ and "
+            f"upstream.lock from your own copy, then delete {folder}"
+        ) from None
+    for rel in read_journal(journal_file(git)):
+        if not rel or os.path.isabs(rel) or ".." in Path(rel).parts:
+            raise RebaseError(f"{journal_file(git)} is damaged: its entry {rel!r} is not a path inside the project; "
+                              "nothing was changed: remove that entry and re-run")
 
 
 # --------------------------------------------------------------------------------------
