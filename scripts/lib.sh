@@ -83,7 +83,10 @@ tool_python() {
     echo "$ME: the sglpatch tool needs python3 >= 3.10 on PATH (found: ${base:-none}${base:+ $("$base" -V 2>&1)})" >&2
     exit 125
   fi
-  mkdir -p "$TOOL_VENV"
+  if ! mkdir -p "$TOOL_VENV" 2>/dev/null || ! { : >>"$TOOL_VENV/.lock"; } 2>/dev/null; then  # a read-only checkout
+    echo "$ME: cannot create the tool's venv $TOOL_VENV (read-only?): set SGLPATCH_TOOL_VENV to a writable folder, e.g. SGLPATCH_TOOL_VENV=\$HOME/.cache/sglpatch/tool-venv" >&2
+    exit 125
+  fi
   exec 9>"$TOOL_VENV/.lock"
   command -v flock >/dev/null && flock 9  # another script may be setting it up right now
   if _tool_ready "$key"; then exec 9>&-; return 0; fi

@@ -22,7 +22,7 @@ from sglpatch import exitcodes
 from sglpatch.errors import SglpatchError
 from sglpatch.gpu import doctor, doctor_procs
 
-rb_golden, rb_conflict, golden = fm.rb_golden, fm.rb_conflict, fm.golden  # the failure-mode fixtures
+rb_golden, rb_conflict, golden, case = fm.rb_golden, fm.rb_conflict, fm.golden, fm.case  # the failure-mode fixtures
 TOOL_SRC = str(Path(sglpatch_pkg.__file__).resolve().parents[1])
 
 # ----------------------------------------------------------------------------------------------
@@ -268,3 +268,76 @@ def test_a_cache_entry_linked_to_dev_zero_is_one_line_not_a_hang(tmp_path, what)
         assert r.returncode == 1 and r.stderr.strip().splitlines()[-1] == (
             f"sglpatch.errors.SglpatchError: {link} is a symbolic link (to /dev/zero), not a file: refusing to read it; "
             "delete it and re-run")
+
+
+# ----------------------------------------------------------------------------------------------
+# the project, the workdir, the scripts
+
+
+def test_a_series_that_is_a_symbolic_link_is_refused_not_read_through(case):
+    outside = case.sentinel / "series"
+    outside.write_bytes((case.project / "series").read_bytes())
+    (case.project / "series").unlink()
+    (case.project / "series").symlink_to(outside)
+    before = case.state()
+    for proc in (case.apply(), case.export()):
+        fm.refused(proc, f"{case.project / 'series'} is a symbolic link (to {outside}); the series must be a regular file "
+                   "in the project, as the patch files are: replace the link by the file")
+    assert (case.project / "series").is_symlink() and case.state() == before  # export did not replace it by a file
+    (case.project / "series").unlink()
+    outside.rename(case.project / "series")
+    fm.ok(case.apply())
+
+
+def test_a_linked_worktree_as_workdir_names_the_main_one(case):
+    wt = case.tmp / "t" / "wt2"
+    git(case.fork, "worktree", "add", "-q", "--detach", str(wt), "patched")
+    for proc in (case.apply(workdir=wt), case.run("export", "--project", str(case.project), "--workdir", str(wt))):
+        fm.refused(proc, f"{wt} is a linked worktree (`git worktree add`), and sglpatch keeps its lock and state in the "
+                   f"workdir's own .git folder: use --workdir {case.fork}, or make another with `sglpatch apply --workdir NEW`")
+    git(case.fork, "worktree", "remove", "--force", str(wt))
+
+
+def test_an_empty_commit_on_patched_is_named_with_the_way_out(case):
+    before = fm.snapshot(case.project)
+    git(case.fork, "-c", "user.name=a", "-c", "user.email=a@b", "commit", "-q", "--allow-empty", "-m", "an empty commit")
+    c = git(case.fork, "rev-parse", "HEAD")
+    base = git(case.fork, "rev-parse", "upstream")
+    fm.refused(case.export(), f"commit {c[:12]} (an empty commit) on patched changes nothing, so it cannot be a patch: drop it "
+               f"(`git -C {case.fork} rebase -i {base[:12]}`, delete its line) or give it a change, then re-run export; "
+               "nothing was written")  # was "patch commit X is empty"
+    assert fm.snapshot(case.project) == before
+    git(case.fork, "reset", "-q", "--hard", "HEAD~1")
+    fm.ok(case.export())
+
+
+def test_a_unicode_subject_is_decoded_not_made_a_patch_name(case):
+    from sglpatch.series import Entry, read_patch
+
+    (case.fork / "README.md").write_text("x\n")
+    git(case.fork, "add", "README.md")
+    git(case.fork, "-c", "user.name=a", "-c", "user.email=a@b", "commit", "-q", "-m", "Füge Ünïcode hinzu: 日本語 ✓")
+    out = fm.ok(case.export()).stdout
+    assert "wrote   patches/0003-Fuge-Unicode-hinzu.patch" in out, out  # was 0003-UTF-8-q-F-C3-BCge-20-C3-9Cn-...
+    assert read_patch(case.project, Entry("0003-Fuge-Unicode-hinzu.patch", 1)).subject == "Füge Ünïcode hinzu: 日本語 ✓"
+    assert "0003-Fuge-Unicode-hinzu.patch" in (case.project / "series").read_text().splitlines()
+
+
+def test_a_read_only_checkout_says_where_the_tool_venv_can_go(tmp_path):
+    from test_failure_modes_2 import ReadOnly
+
+    co = tmp_path / "checkout"
+    co.mkdir()
+    for part in ("scripts", "src"):
+        shutil.copytree(ROOT / part, co / part, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "pyproject.toml", co)
+    ro = ReadOnly(co)
+    ro.ro()
+    try:
+        env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": str(tmp_path)}
+        r = subprocess.run(["bash", str(co / "scripts" / "export.sh")], capture_output=True, text=True, env=env, timeout=60)
+    finally:
+        ro.close()
+    assert r.returncode == exitcodes.CANNOT_RUN, r.stderr  # was mkdir's own "cannot create directory", exit 1
+    assert r.stderr.splitlines() == [f"export.sh: cannot create the tool's venv {co}/.tool-venv (read-only?): set "
+                                     "SGLPATCH_TOOL_VENV to a writable folder, e.g. SGLPATCH_TOOL_VENV=$HOME/.cache/sglpatch/tool-venv"]

@@ -191,7 +191,8 @@ def test_venv_dry_run_reads_the_pins_from_the_locked_wheel(rebased, tmp_path):
     project = rebased[0]
     assert 'filename = "sglang-0.5.23-cp311' in (project / "upstream.lock").read_text()
     new = tmp_path / "new"
-    env = dict(os.environ, PATH=f"{os.path.dirname(uv)}:{os.environ['PATH']}")
+    # the pins, not this box's driver (a CI box has none: the preflight would refuse on that alone)
+    env = dict(os.environ, PATH=f"{os.path.dirname(uv)}:{os.environ['PATH']}", SGLPATCH_PREFLIGHT_NO_DRIVER="1")
     proc = sglpatch("apply", "--project", str(project), "--workdir", str(tmp_path / "fork"), "--venv", str(new), "--dry-run",
                     "--python", sys.executable, env=env)
     assert "requirements from sglang-0.5.23-cp311-cp311-manylinux_2_34_x86_64.whl" in proc.stderr, proc.stderr[-2000:]

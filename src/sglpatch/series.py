@@ -17,7 +17,9 @@ Patch files are ``git format-patch`` mbox files whose commit message carries DEP
 
 from __future__ import annotations
 
+import os
 import re
+import unicodedata
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -122,6 +124,9 @@ def check_name(name: str, where: str) -> None:
 
 def read_series(project: Path) -> Series:
     path = Path(project) / SERIES_NAME
+    if path.is_symlink():  # read through, then replaced by a file on export
+        raise SeriesError(f"{path} is a symbolic link (to {os.readlink(path)}); the series must be a regular file in the "
+                          "project, as the patch files are: replace the link by the file")
     try:
         raw = path.read_bytes()
     except FileNotFoundError:
@@ -217,7 +222,7 @@ def parse_patch(name: str, data: bytes, strip: int = 1) -> PatchFile:
         i += 1
     if diff_start is None:
         raise SeriesError(f"patch {name} contains no diff")
-    subject = re.sub(r"^\[PATCH[^\]]*\]\s*", "", subject)
+    subject = re.sub(r"^\[PATCH[^\]]*\]\s*", "", _mime_decoded(subject))
     dep3 = parse_dep3(body)
     if not subject:
         subject = dep3.get("Description", "").split("\n", 1)[0] or dep3.get("Subject", "")
@@ -312,8 +317,21 @@ def read_patch(project: Path, entry: Entry) -> PatchFile:
     return parse_patch(entry.name, data, entry.strip)
 
 
+def _mime_decoded(subject: str) -> str:
+    """A Subject as git format-patch writes a non-ASCII one (RFC 2047 `=?UTF-8?q?...?=`), decoded."""
+    if "=?" not in subject:
+        return subject
+    from email.header import decode_header, make_header
+
+    try:
+        return str(make_header(decode_header(subject)))
+    except (ValueError, LookupError, UnicodeDecodeError):
+        return subject
+
+
 def slug(subject: str) -> str:
-    """File-name slug the way git format-patch makes it."""
-    s = re.sub(r"[^A-Za-z0-9._]+", "-", subject).strip("-.")
+    """File-name slug the way git format-patch makes it, accents folded to ASCII first (Füge: Fuge)."""
+    folded = "".join(c for c in unicodedata.normalize("NFKD", subject) if not unicodedata.combining(c))
+    s = re.sub(r"[^A-Za-z0-9._]+", "-", folded).strip("-.")
     s = re.sub(r"\.+", ".", s)
     return s[:52].rstrip("-.") or "patch"

@@ -278,6 +278,12 @@ def export_locked(project_root: Path, git: Git) -> ExportResult:
     used: set[str] = set()
     for i, c in enumerate(commits):
         data = format_patch(git, c)
+        if not data.strip():  # git format-patch writes nothing for a commit without a change
+            raise SglpatchError(
+                f"commit {c[:12]} ({git.subject(c)}) on {PATCHED_BRANCH} changes nothing, so it cannot be a patch: drop it "
+                f"(`git -C {git.workdir} rebase -i {base[:12]}`, delete its line) or give it a change, then re-run export; "
+                "nothing was written"
+            )
         subject = parse_patch(f"commit {c[:12]}", data).subject
         name = None
         if i < len(series.entries) and old_subjects.get(series.entries[i].name) == subject:

@@ -18,6 +18,7 @@ Everyone else asks this module for these names; nobody copies them.
 
 from __future__ import annotations
 
+import re
 import shutil
 from pathlib import Path
 
@@ -62,6 +63,11 @@ def open_workdir(workdir: Path, create: bool) -> Git:
         crashpoint("init")
         _finish_init(git)
         return git
+    if (workdir / ".git").is_file():  # `git worktree add`: .git is a file naming the main repository's
+        main = re.sub(r"/\.git/worktrees/[^/]+/?$", "", (workdir / ".git").read_text().partition("gitdir:")[2].strip())
+        raise SglpatchError(f"{workdir} is a linked worktree (`git worktree add`), and sglpatch keeps its lock and state "
+                            f"in the workdir's own .git folder: use --workdir {main or 'the main one'}, or make another "
+                            "with `sglpatch apply --workdir NEW`")
     git = Git(workdir)
     if not git.is_repo():
         raise SglpatchError(f"{workdir} is not empty and not a git repository made by sglpatch; choose another --workdir")
