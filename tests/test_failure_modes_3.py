@@ -122,6 +122,8 @@ def test_watch_releases_not_on_the_index_is_a_usage_error_and_a_reversed_range_s
 
     known = ["0.5.9", "0.5.10", "0.5.10.post1", "0.5.11"]
     monkeypatch.setattr(pkgindex, "releases", lambda name, after=None, upto=None, first=None: known)
+    monkeypatch.setattr(pkgindex, "index_files", lambda name: tuple(
+        pkgindex.Artifact(f"sglang-{v}.tar.gz", v, "sdist", "0" * 64, f"https://example.invalid/sglang-{v}.tar.gz") for v in known))
     with pytest.raises(SglpatchError) as e:
         matrix._parse_range("0.5.99", "sglang", "0.5.9")
     assert e.value.exit_code == exitcodes.USAGE  # as `rebase --onto 0.5.99`; was 1 after a failed download

@@ -143,7 +143,7 @@ def _parse_range(spec: str | None, name: str, pinned: str) -> list[str]:
         out = {v for part in spec.split(",") if part.strip() for v in _parse_range(part.strip(), name, pinned)}
         return sorted(out, key=Version)
     if ".." not in spec:
-        if spec not in pkgindex.releases(name):  # a usage error, as `rebase --onto` says it
+        if spec not in {a.version for a in pkgindex.index_files(name)}:  # a usage error, as `rebase --onto` says it
             raise no_release(name, spec, f"--releases {spec}: not a release of {name} on the index")
         return [spec]
     a, b = spec.split("..", 1)
