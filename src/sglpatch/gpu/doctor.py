@@ -10,8 +10,9 @@ Checks, in order (`doctor_procs`, `doctor_checks`, `doctor_gpu`):
   5. gpu-memory  free memory per GPU against the profile's [model] weights_gib / tp + margin
 
 Exit status: 0 nothing failed; 1 a check failed; 125 no GPU is visible here (the GPU checks
-could not run; the failed checks are still listed), unless stale workers hold a device; 2 a usage error.  `sglpatch regress --tier server` runs the
-doctor first and refuses the load when a check fails (`--no-doctor` skips it).
+could not run; the failed checks are still listed), unless stale workers hold a device; 2 a
+usage error.  `sglpatch regress --tier server` runs the doctor first and refuses the load when
+a check fails (`--no-doctor` skips it).
 
 Every fact from outside is injectable (`Box`): the nvidia-smi program, the /proc root, the
 device glob, the /dev/shm path, the P2P probe script.
