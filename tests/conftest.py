@@ -13,7 +13,9 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import json
 import re
+import resource
 import shutil
 import subprocess
 import sys
@@ -100,6 +102,68 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.path.name in END_TO_END:
             item.add_marker(pytest.mark.slow)
+
+
+# Where the suite's CPU goes (load-independent, unlike --durations on a shared machine):
+# SGLPATCH_TEST_CPU_LOG=FILE appends one JSON line per test phase (CPU seconds of this process and
+# the children it waited for, and wall seconds), one per worker for its whole run, and prints the
+# top 15 tests and the files by CPU at the end. scripts/test.sh sets it in CI (the log beside the venv).
+CPU_LOG = os.environ.get("SGLPATCH_TEST_CPU_LOG")
+
+
+def _cpu_now() -> float:
+    s, c = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return s.ru_utime + s.ru_stime + c.ru_utime + c.ru_stime
+
+
+def _cpu_log(**rec) -> None:
+    with open(CPU_LOG, "a") as f:
+        f.write(json.dumps(rec) + "\n")
+
+
+def _timed(phase: str):
+    @pytest.hookimpl(hookwrapper=True)
+    def hook(item):
+        if not CPU_LOG:
+            yield
+            return
+        c0, w0 = _cpu_now(), time.monotonic()
+        yield
+        _cpu_log(id=item.nodeid, phase=phase, cpu=round(_cpu_now() - c0, 3), wall=round(time.monotonic() - w0, 3))
+
+    return hook
+
+
+pytest_runtest_setup, pytest_runtest_call, pytest_runtest_teardown = (_timed(p) for p in ("setup", "call", "teardown"))
+
+
+def pytest_sessionfinish(session):
+    if CPU_LOG:  # each process's own total (collection and session teardowns included)
+        _cpu_log(id=os.environ.get("PYTEST_XDIST_WORKER", "main"), phase="process", cpu=round(_cpu_now(), 3), wall=0)
+
+
+def pytest_terminal_summary(terminalreporter):
+    if not CPU_LOG or os.environ.get("PYTEST_XDIST_WORKER") or not Path(CPU_LOG).is_file():
+        return
+    tests: dict = {}
+    files: dict = {}
+    total = 0.0
+    for line in Path(CPU_LOG).read_text().splitlines():
+        r = json.loads(line)
+        if r["phase"] == "process":
+            total += r["cpu"]
+            continue
+        t = tests.setdefault(r["id"], [0.0, 0.0])
+        t[0], t[1] = t[0] + r["cpu"], t[1] + r["wall"]
+        f = files.setdefault(r["id"].split("::")[0], [0.0, 0.0])
+        f[0], f[1] = f[0] + r["cpu"], f[1] + r["wall"]
+    say = terminalreporter.write_line
+    say(f"CPU (user+sys, children waited for): {total:.0f} s in all processes; by test (cpu / wall s):")
+    for name, (cpu, wall) in sorted(tests.items(), key=lambda kv: -kv[1][0])[:15]:
+        say(f"  {cpu:8.1f} {wall:8.1f}  {name}")
+    say("by file (cpu / wall s):")
+    for name, (cpu, wall) in sorted(files.items(), key=lambda kv: -kv[1][0]):
+        say(f"  {cpu:8.1f} {wall:8.1f}  {name}")
 
 
 @pytest.fixture(scope="session")
