@@ -88,25 +88,45 @@ build_0523() {
   install_with_uv "$VENV0523/bin/python" --no-deps flashinfer-python==0.7.2 \
     || "$VENV0523/bin/python" -m pip install -q --disable-pip-version-check --no-deps flashinfer-python==0.7.2
 }
-if [ "$(cat "$VENV0523/.sglpatch-reqs" 2>/dev/null)" != "$REQS0523" ]; then
-  echo "test.sh: building the 0.5.23 test venv $VENV0523 (once; a few minutes)" >&2
+build_or_skip_0523() {
   if build_0523; then
     echo "$REQS0523" > "$VENV0523/.sglpatch-reqs"
   else
     echo "test.sh: could not build $VENV0523; the 0.5.23 real-module tests will skip" >&2
     rm -rf "$VENV0523"
   fi
+}
+# Built in the background while the tests start: it holds $VENV0523.lock (flock) until done, and
+# the tests that need it wait for that lock (tests/conftest.py: venv_0523); its log goes to
+# $VENV0523.log. In the foreground where flock is missing.
+if [ "$(cat "$VENV0523/.sglpatch-reqs" 2>/dev/null)" != "$REQS0523" ]; then
+  if command -v flock >/dev/null; then
+    echo "test.sh: building the 0.5.23 test venv $VENV0523 in the background (once; a few minutes; log: $VENV0523.log)" >&2
+    exec 9>"$VENV0523.lock"
+    flock 9
+    build_or_skip_0523 >"$VENV0523.log" 2>&1 &
+    exec 9>&-  # the background build keeps the lock; pytest must not hold it
+  else
+    echo "test.sh: building the 0.5.23 test venv $VENV0523 (once; a few minutes)" >&2
+    build_or_skip_0523
+  fi
 fi
 export SGLPATCH_TEST_VENV_0523="$VENV0523"
 # the venv's tools (uv, black, sglpatch) on PATH, as an activated venv would have them
 export PATH="$(dirname "$(command -v "$PY")"):$PATH"
-# --durations: the slowest tests at the end of the log, where the CI time goes
+# --durations: the slowest tests at the end of the log, where the CI time goes; and by CPU
+# seconds (tests/conftest.py, SGLPATCH_TEST_CPU_LOG), which another load on the machine does not change
+if [ -z "${SGLPATCH_TEST_CPU_LOG:-}" ] && [ -n "${VENV:-}" ]; then
+  export SGLPATCH_TEST_CPU_LOG="$VENV/sglpatch-test-cpu.jsonl"
+  : > "$SGLPATCH_TEST_CPU_LOG"
+fi
 ARGS=()
 if [ "${1:-}" = --quick ]; then shift; ARGS+=(-m "not slow"); fi
 # one worker more than cores: many tests wait on a subprocess, a timeout or a signal, not the CPU
 JOBS="${SGLPATCH_TEST_JOBS:-$(( $(nproc) + 1 ))}"
 if [ "$JOBS" != 1 ] && [ "$JOBS" != 0 ] && "$PY" -c "import xdist" 2>/dev/null; then
-  # loadfile: a file's tests stay on one worker (its module fixtures are built once)
-  ARGS+=(-n "$JOBS" --dist loadfile)
+  # a file's tests on one worker (its module fixtures built once), the longest files cut in
+  # groups, the heaviest first: tests/conftest.py (SPLIT, COST) marks the groups and orders them
+  ARGS+=(-n "$JOBS" --dist loadgroup --no-loadscope-reorder)
 fi
 exec "$PY" -m pytest -q -p no:cacheprovider --durations=15 "${ARGS[@]}" "$@"

@@ -98,16 +98,64 @@ END_TO_END = {
 }
 
 
+# How the suite spreads over xdist workers (scripts/test.sh: --dist loadgroup --no-loadscope-reorder):
+# a file's tests stay together on one worker (its module fixtures are built once), except the
+# files in SPLIT, cut into that many groups of consecutive tests (their fixtures are per process
+# and cheap next to their tests); the files go out heaviest first (COST: CPU seconds measured
+# with SGLPATCH_TEST_CPU_LOG; a file not listed counts 1 s a test), so that no worker is handed a
+# long file last. A new slow file belongs in COST; one over about 150 CPU-s without module
+# fixtures, in SPLIT too. (The groups are made here, by nodeid, not with xdist_group marks:
+# xdist 3.8's loadgroup cannot rename pytest 9's node ids.)
+SPLIT = {"test_failure_modes.py": 3, "test_failure_modes_2.py": 2}
+COST: dict = {}
+
+
+def xdist_groups(nodeids: list) -> dict:
+    """{nodeid: group}: its file, or for a file in SPLIT, one of that many runs of consecutive tests."""
+    by_file: dict = {}
+    for nodeid in nodeids:
+        by_file.setdefault(nodeid.split("::")[0], []).append(nodeid)
+    out = {}
+    for path, ids in by_file.items():
+        n = SPLIT.get(path.rsplit("/", 1)[-1], 1)
+        for i, nodeid in enumerate(ids):
+            out[nodeid] = path if n == 1 else f"{path}#{i * n // len(ids)}"
+    return out
+
+
+def pytest_xdist_make_scheduler(config, log):
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class FileGroups(LoadScopeScheduling):
+        """loadscope with SPLIT's groups: the work queue in collection order (heaviest file first)."""
+
+        def _split_scope(self, nodeid: str) -> str:
+            if getattr(self, "_groups", None) is None:
+                self._groups = xdist_groups(list(self.collection))
+            return self._groups[nodeid]
+
+    return FileGroups(config, log)
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.path.name in END_TO_END:
             item.add_marker(pytest.mark.slow)
+    if hasattr(config, "workerinput"):  # an xdist worker: heaviest file first (a serial run keeps pytest's order)
+        count: dict = {}
+        for item in items:
+            count[item.path] = count.get(item.path, 0) + 1
+        order = {id(item): k for k, item in enumerate(items)}
+        items.sort(key=lambda item: (-COST.get(item.path.name, count[item.path]), str(item.path), order[id(item)]))
 
 
 # Where the suite's CPU goes (load-independent, unlike --durations on a shared machine):
 # SGLPATCH_TEST_CPU_LOG=FILE appends one JSON line per test phase (CPU seconds of this process and
 # the children it waited for, and wall seconds), one per worker for its whole run, and prints the
-# top 15 tests and the files by CPU at the end. scripts/test.sh sets it in CI (the log beside the venv).
+# top 15 tests and the files by CPU at the end. scripts/test.sh sets it (sglpatch-test-cpu.jsonl in the
+# test venv, emptied each run).
 CPU_LOG = os.environ.get("SGLPATCH_TEST_CPU_LOG")
 
 
@@ -228,6 +276,18 @@ def patched_tree(tmp_path_factory, request) -> Path:
     workdir = tmp_path_factory.mktemp("fork") / "sglang-fork"
     stack.apply(ROOT, workdir, source="sdist")
     return workdir
+
+
+def venv_0523() -> Path:
+    """The 0.5.23 test venv's python ($SGLPATCH_TEST_VENV_0523, else .venv-0523; it may not exist).
+    scripts/test.sh builds that venv in the background, holding VENV.lock until done: wait for it."""
+    venv = Path(os.environ.get("SGLPATCH_TEST_VENV_0523") or ROOT / ".venv-0523")
+    lock = venv.with_name(venv.name + ".lock")
+    if lock.is_file():
+        with open(lock) as f:
+            fcntl.flock(f, fcntl.LOCK_SH)
+            fcntl.flock(f, fcntl.LOCK_UN)
+    return venv / "bin" / "python"
 
 
 def wait_pid(path: Path, timeout: float = 20.0) -> int:
