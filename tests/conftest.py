@@ -157,6 +157,11 @@ def pytest_collection_modifyitems(config, items):
 # top 15 tests and the files by CPU at the end. scripts/test.sh sets it (sglpatch-test-cpu.jsonl in the
 # test venv, emptied each run).
 CPU_LOG = os.environ.get("SGLPATCH_TEST_CPU_LOG")
+os.environ.setdefault("SGLPATCH_TEST_CPU_ROOT", str(os.getpid()))  # the pytest run (xdist's controller)
+if os.getpid() != int(os.environ["SGLPATCH_TEST_CPU_ROOT"]) and not (
+    os.environ.get("PYTEST_XDIST_WORKER") and os.getppid() == int(os.environ["SGLPATCH_TEST_CPU_ROOT"])
+):
+    CPU_LOG = None  # a pytest that a test started (tests/patches on a rebased tree): its CPU is that test's
 
 
 def _cpu_now() -> float:
@@ -186,8 +191,12 @@ pytest_runtest_setup, pytest_runtest_call, pytest_runtest_teardown = (_timed(p) 
 
 
 def pytest_sessionfinish(session):
-    if CPU_LOG:  # each process's own total (collection and session teardowns included)
-        _cpu_log(id=os.environ.get("PYTEST_XDIST_WORKER", "main"), phase="process", cpu=round(_cpu_now(), 3), wall=0)
+    if CPU_LOG:  # each process's own total (collection and session teardowns included); xdist's
+        # controller without its workers (they log their own)
+        controller = not os.environ.get("PYTEST_XDIST_WORKER") and session.config.getvalue("dist") not in (None, "no")
+        s = resource.getrusage(resource.RUSAGE_SELF)
+        cpu = s.ru_utime + s.ru_stime if controller else _cpu_now()
+        _cpu_log(id=os.environ.get("PYTEST_XDIST_WORKER", "main"), phase="process", cpu=round(cpu, 3), wall=0)
 
 
 def pytest_terminal_summary(terminalreporter):
