@@ -112,7 +112,8 @@ COST = {  # CPU seconds, from a cold test cache, measured on the shared 2-core m
     "test_watch.py": 89, "test_port_0523.py": 67, "test_regress_server.py": 60, "test_scripts_fresh_shell.py": 58,
     "test_apply_cli.py": 50, "test_regress_ab.py": 37, "test_cli_first_contact.py": 35, "test_rebase_tree_check.py": 35,
     "test_kernel_stress.py": 33, "test_install_wheel_tree.py": 28, "test_doctor.py": 25, "test_bisect.py": 24,
-    "test_formatters.py": 22, "test_p2_pcie_custom_ar.py": 15, "test_venv_preflight.py": 12, "test_p1_flashinfer_fusion.py": 12,
+    "test_stack.py": 52, "test_venv_preflight.py": 29, "test_formatters.py": 22, "test_p2_pcie_custom_ar.py": 15,
+    "test_p1_flashinfer_fusion.py": 12,
     "test_p4_verify_profile.py": 12,
 }
 
