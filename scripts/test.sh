@@ -42,8 +42,45 @@ if ! command -v quilt >/dev/null || ! command -v patch >/dev/null; then
     echo "test.sh: quilt/patch missing; install them (apt-get install quilt patch)" >&2; exit 2
   fi
 fi
+# The test requirements (6 GB with torch's CUDA wheels) install with uv, bootstrapped with pip:
+# measured from cold caches on the shared 2-core machine (others working), 95 s and 83 CPU-s
+# against pip's 160 s and 100 CPU-s; the same packages. uv does not read
+# pip's configuration, so its indexes, find-links and constraints are handed over, with pip's
+# choice of the best version from any index. pip when uv cannot be had or fails;
+# SGLPATCH_TEST_PIP=1 always.
+uv_pip_config() {  # the pip configuration as uv options, one a line
+  "$PY" - <<'EOF_PY'
+import ast, subprocess, sys
+out = subprocess.run([sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True).stdout
+opts = {"index-url": "--index-url", "extra-index-url": "--extra-index-url", "find-links": "--find-links", "constraint": "--constraints"}
+rank, got = {"global": 0, "install": 1, ":env:": 2}, {}
+for line in out.splitlines():
+    key, eq, value = line.partition("=")
+    where, _, name = key.rpartition(".")
+    if eq and name in opts and where in rank and rank[where] >= got.get(name, (-1, ""))[0]:
+        got[name] = (rank[where], ast.literal_eval(value))
+for name, (_, value) in got.items():
+    for v in value.split():
+        print(opts[name])
+        print(v)
+EOF_PY
+}
+UV="$(dirname "$PY")/uv"  # the test venv's own (requirements-test.txt pins it)
+install_with_uv() {  # install_with_uv PYTHON ARGS...: non-zero when uv is not there or fails
+  [ -z "${SGLPATCH_TEST_PIP:-}" ] || return 1
+  local into="$1" cfg
+  shift
+  [ -x "$UV" ] || "$PY" -m pip install -q --disable-pip-version-check uv==0.13.9 >/dev/null 2>&1 || return 1
+  [ -x "$UV" ] || return 1
+  mapfile -t cfg < <(uv_pip_config) || return 1
+  # --compile-bytecode: the tests run with PYTHONDONTWRITEBYTECODE set, as here; pip compiles too
+  "$UV" pip install -q --python "$into" --compile-bytecode --index-strategy unsafe-best-match "${cfg[@]}" "$@"
+}
 echo "test.sh: installing test requirements into $PY (no-op when present; the first time takes minutes)" >&2
-"$PY" -m pip install -q --disable-pip-version-check -r requirements-test.txt -e ".[dev]"
+if ! install_with_uv "$PY" -r requirements-test.txt -e ".[dev]"; then
+  [ -n "${SGLPATCH_TEST_PIP:-}" ] || echo "test.sh: uv could not install them; pip instead" >&2
+  "$PY" -m pip install -q --disable-pip-version-check -r requirements-test.txt -e ".[dev]"
+fi
 # The second venv, for the tests on SGLang 0.5.23's own modules (tests/real_0523, run by
 # tests/test_port_0523.py): 0.5.23's pins (requirements-test-0523.txt, flashinfer-python 0.7.2
 # --no-deps) over the main venv's packages (torch 2.14.1 through a .pth file). Built once; rebuilt
@@ -55,27 +92,48 @@ build_0523() {
   rm -rf "$VENV0523" && "$PY" -m venv "$VENV0523" || return 1
   purelib "$PY" > "$(purelib "$VENV0523/bin/python")/_sglpatch_parent.pth" || return 1
   "$VENV0523/bin/python" -m pip install -q --disable-pip-version-check -r requirements-test-0523.txt || return 1
-  "$VENV0523/bin/python" -m pip install -q --disable-pip-version-check --no-deps flashinfer-python==0.7.2
+  install_with_uv "$VENV0523/bin/python" --no-deps flashinfer-python==0.7.2 \
+    || "$VENV0523/bin/python" -m pip install -q --disable-pip-version-check --no-deps flashinfer-python==0.7.2
 }
-if [ "$(cat "$VENV0523/.sglpatch-reqs" 2>/dev/null)" != "$REQS0523" ]; then
-  echo "test.sh: building the 0.5.23 test venv $VENV0523 (once; a few minutes)" >&2
+build_or_skip_0523() {
   if build_0523; then
     echo "$REQS0523" > "$VENV0523/.sglpatch-reqs"
   else
     echo "test.sh: could not build $VENV0523; the 0.5.23 real-module tests will skip" >&2
     rm -rf "$VENV0523"
   fi
+}
+# Built in the background while the tests start: it holds $VENV0523.lock (flock) until done, and
+# the tests that need it wait for that lock (tests/conftest.py: venv_0523); its log goes to
+# $VENV0523.log. In the foreground where flock is missing.
+if [ "$(cat "$VENV0523/.sglpatch-reqs" 2>/dev/null)" != "$REQS0523" ]; then
+  if command -v flock >/dev/null; then
+    echo "test.sh: building the 0.5.23 test venv $VENV0523 in the background (once; a few minutes; log: $VENV0523.log)" >&2
+    exec 9>"$VENV0523.lock"
+    flock 9
+    build_or_skip_0523 >"$VENV0523.log" 2>&1 &
+    exec 9>&-  # the background build keeps the lock; pytest must not hold it
+  else
+    echo "test.sh: building the 0.5.23 test venv $VENV0523 (once; a few minutes)" >&2
+    build_or_skip_0523
+  fi
 fi
 export SGLPATCH_TEST_VENV_0523="$VENV0523"
 # the venv's tools (uv, black, sglpatch) on PATH, as an activated venv would have them
 export PATH="$(dirname "$(command -v "$PY")"):$PATH"
-# --durations: the slowest tests at the end of the log, where the CI time goes
+# --durations: the slowest tests at the end of the log, where the CI time goes; and by CPU
+# seconds (tests/conftest.py, SGLPATCH_TEST_CPU_LOG), which another load on the machine does not change
+if [ -z "${SGLPATCH_TEST_CPU_LOG:-}" ] && [ -n "${VENV:-}" ]; then
+  export SGLPATCH_TEST_CPU_LOG="$VENV/sglpatch-test-cpu.jsonl"
+  : > "$SGLPATCH_TEST_CPU_LOG"
+fi
 ARGS=()
 if [ "${1:-}" = --quick ]; then shift; ARGS+=(-m "not slow"); fi
 # one worker more than cores: many tests wait on a subprocess, a timeout or a signal, not the CPU
 JOBS="${SGLPATCH_TEST_JOBS:-$(( $(nproc) + 1 ))}"
 if [ "$JOBS" != 1 ] && [ "$JOBS" != 0 ] && "$PY" -c "import xdist" 2>/dev/null; then
-  # loadfile: a file's tests stay on one worker (its module fixtures are built once)
-  ARGS+=(-n "$JOBS" --dist loadfile)
+  # a file's tests on one worker (its module fixtures built once), the longest files cut in
+  # groups, the heaviest first: tests/conftest.py (SPLIT, COST) marks the groups and orders them
+  ARGS+=(-n "$JOBS" --dist loadgroup --no-loadscope-reorder)
 fi
 exec "$PY" -m pytest -q -p no:cacheprovider --durations=15 "${ARGS[@]}" "$@"

@@ -13,7 +13,9 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import json
 import re
+import resource
 import shutil
 import subprocess
 import sys
@@ -96,10 +98,137 @@ END_TO_END = {
 }
 
 
+# How the suite spreads over xdist workers (scripts/test.sh: --dist loadgroup --no-loadscope-reorder):
+# a file's tests stay together on one worker (its module fixtures are built once), except the
+# files in SPLIT, cut into that many groups of consecutive tests (their fixtures are per process
+# and cheap next to their tests); the files go out heaviest first (COST: CPU seconds measured
+# with SGLPATCH_TEST_CPU_LOG; a file not listed counts 0.2 s a test), so that no worker is handed a
+# long file last. A new slow file belongs in COST; one over about 150 CPU-s without module
+# fixtures, in SPLIT too. (The groups are made here, by nodeid, not with xdist_group marks:
+# xdist 3.8's loadgroup cannot rename pytest 9's node ids.)
+SPLIT = {"test_failure_modes.py": 4, "test_failure_modes_2.py": 3}
+COST = {  # CPU seconds, from a cold test cache, measured on the shared 2-core machine (issue 29)
+    "test_failure_modes.py": 357, "test_failure_modes_2.py": 243, "test_rebase.py": 111, "test_kernel_candidates.py": 91,
+    "test_watch.py": 89, "test_port_0523.py": 67, "test_regress_server.py": 60, "test_scripts_fresh_shell.py": 58,
+    "test_apply_cli.py": 50, "test_regress_ab.py": 37, "test_cli_first_contact.py": 35, "test_rebase_tree_check.py": 35,
+    "test_kernel_stress.py": 33, "test_install_wheel_tree.py": 28, "test_doctor.py": 25, "test_bisect.py": 24,
+    "test_stack.py": 52, "test_venv_preflight.py": 29, "test_formatters.py": 22, "test_p2_pcie_custom_ar.py": 15,
+    "test_p1_flashinfer_fusion.py": 12,
+    "test_p4_verify_profile.py": 12,
+}
+
+
+def xdist_groups(nodeids: list) -> dict:
+    """{nodeid: group}: its file, or for a file in SPLIT, one of that many runs of consecutive tests."""
+    by_file: dict = {}
+    for nodeid in nodeids:
+        by_file.setdefault(nodeid.split("::")[0], []).append(nodeid)
+    out = {}
+    for path, ids in by_file.items():
+        n = SPLIT.get(path.rsplit("/", 1)[-1], 1)
+        for i, nodeid in enumerate(ids):
+            out[nodeid] = path if n == 1 else f"{path}#{i * n // len(ids)}"
+    return out
+
+
+def pytest_xdist_make_scheduler(config, log):
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class FileGroups(LoadScopeScheduling):
+        """loadscope with SPLIT's groups: the work queue in collection order (heaviest file first)."""
+
+        def _split_scope(self, nodeid: str) -> str:
+            if getattr(self, "_groups", None) is None:
+                self._groups = xdist_groups(list(self.collection))
+            return self._groups[nodeid]
+
+    return FileGroups(config, log)
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.path.name in END_TO_END:
             item.add_marker(pytest.mark.slow)
+    if hasattr(config, "workerinput"):  # an xdist worker: heaviest file first (a serial run keeps pytest's order)
+        count: dict = {}
+        for item in items:
+            count[item.path] = count.get(item.path, 0) + 1
+        order = {id(item): k for k, item in enumerate(items)}
+        items.sort(key=lambda item: (-COST.get(item.path.name, 0.2 * count[item.path]), str(item.path), order[id(item)]))
+
+
+# Where the suite's CPU goes (load-independent, unlike --durations on a shared machine):
+# SGLPATCH_TEST_CPU_LOG=FILE appends one JSON line per test phase (CPU seconds of this process and
+# the children it waited for, and wall seconds), one per worker for its whole run, and prints the
+# top 15 tests and the files by CPU at the end. scripts/test.sh sets it (sglpatch-test-cpu.jsonl in the
+# test venv, emptied each run).
+CPU_LOG = os.environ.get("SGLPATCH_TEST_CPU_LOG")
+os.environ.setdefault("SGLPATCH_TEST_CPU_ROOT", str(os.getpid()))  # the pytest run (xdist's controller)
+if os.getpid() != int(os.environ["SGLPATCH_TEST_CPU_ROOT"]) and not (
+    os.environ.get("PYTEST_XDIST_WORKER") and os.getppid() == int(os.environ["SGLPATCH_TEST_CPU_ROOT"])
+):
+    CPU_LOG = None  # a pytest that a test started (tests/patches on a rebased tree): its CPU is that test's
+
+
+def _cpu_now() -> float:
+    s, c = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return s.ru_utime + s.ru_stime + c.ru_utime + c.ru_stime
+
+
+def _cpu_log(**rec) -> None:
+    with open(CPU_LOG, "a") as f:
+        f.write(json.dumps(rec) + "\n")
+
+
+def _timed(phase: str):
+    @pytest.hookimpl(hookwrapper=True)
+    def hook(item):
+        if not CPU_LOG:
+            yield
+            return
+        c0, w0 = _cpu_now(), time.monotonic()
+        yield
+        _cpu_log(id=item.nodeid, phase=phase, cpu=round(_cpu_now() - c0, 3), wall=round(time.monotonic() - w0, 3))
+
+    return hook
+
+
+pytest_runtest_setup, pytest_runtest_call, pytest_runtest_teardown = (_timed(p) for p in ("setup", "call", "teardown"))
+
+
+def pytest_sessionfinish(session):
+    if CPU_LOG:  # each process's own total (collection and session teardowns included); xdist's
+        # controller without its workers (they log their own)
+        controller = not os.environ.get("PYTEST_XDIST_WORKER") and session.config.getvalue("dist") not in (None, "no")
+        s = resource.getrusage(resource.RUSAGE_SELF)
+        cpu = s.ru_utime + s.ru_stime if controller else _cpu_now()
+        _cpu_log(id=os.environ.get("PYTEST_XDIST_WORKER", "main"), phase="process", cpu=round(cpu, 3), wall=0)
+
+
+def pytest_terminal_summary(terminalreporter):
+    if not CPU_LOG or os.environ.get("PYTEST_XDIST_WORKER") or not Path(CPU_LOG).is_file():
+        return
+    tests: dict = {}
+    files: dict = {}
+    total = 0.0
+    for line in Path(CPU_LOG).read_text().splitlines():
+        r = json.loads(line)
+        if r["phase"] == "process":
+            total += r["cpu"]
+            continue
+        t = tests.setdefault(r["id"], [0.0, 0.0])
+        t[0], t[1] = t[0] + r["cpu"], t[1] + r["wall"]
+        f = files.setdefault(r["id"].split("::")[0], [0.0, 0.0])
+        f[0], f[1] = f[0] + r["cpu"], f[1] + r["wall"]
+    say = terminalreporter.write_line
+    say(f"CPU (user+sys, children waited for): {total:.0f} s in all processes; by test (cpu / wall s):")
+    for name, (cpu, wall) in sorted(tests.items(), key=lambda kv: -kv[1][0])[:15]:
+        say(f"  {cpu:8.1f} {wall:8.1f}  {name}")
+    say("by file (cpu / wall s):")
+    for name, (cpu, wall) in sorted(files.items(), key=lambda kv: -kv[1][0]):
+        say(f"  {cpu:8.1f} {wall:8.1f}  {name}")
 
 
 @pytest.fixture(scope="session")
@@ -164,6 +293,18 @@ def patched_tree(tmp_path_factory, request) -> Path:
     workdir = tmp_path_factory.mktemp("fork") / "sglang-fork"
     stack.apply(ROOT, workdir, source="sdist")
     return workdir
+
+
+def venv_0523() -> Path:
+    """The 0.5.23 test venv's python ($SGLPATCH_TEST_VENV_0523, else .venv-0523; it may not exist).
+    scripts/test.sh builds that venv in the background, holding VENV.lock until done: wait for it."""
+    venv = Path(os.environ.get("SGLPATCH_TEST_VENV_0523") or ROOT / ".venv-0523")
+    lock = venv.with_name(venv.name + ".lock")
+    if lock.is_file():
+        with open(lock) as f:
+            fcntl.flock(f, fcntl.LOCK_SH)
+            fcntl.flock(f, fcntl.LOCK_UN)
+    return venv / "bin" / "python"
 
 
 def wait_pid(path: Path, timeout: float = 20.0) -> int:

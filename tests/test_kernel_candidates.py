@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import venv_0523
 from sglpatch.errors import SglpatchError
 from sglpatch.gpu import kernel_launch, profiles, regress
 
@@ -245,9 +246,9 @@ def test_two_real_venvs(tmp_path):
     """Discovery with a second real venv: the 0.5.23 test venv that scripts/test.sh builds (real
     flashinfer-python 0.7.2, installed --no-deps on a CPU box), next to this one."""
     venv = os.environ.get("SGLPATCH_TEST_VENV_0523", "")
-    py = Path(venv) / "bin" / "python"
+    py = venv_0523()  # once scripts/test.sh's background build of it is done
     if not venv or not py.is_file():
-        pytest.skip("no 0.5.23 test venv ($SGLPATCH_TEST_VENV_0523; scripts/test.sh builds it)")
+        pytest.skip(f"no 0.5.23 test venv ($SGLPATCH_TEST_VENV_0523; scripts/test.sh builds it, log: {venv}.log)")
     proj = project(tmp_path, 'backends = ["nccl", "pcie_ipc", "b12x_oneshot"]\nrequired_backends = ["nccl"]\n'
                    'p2p_disabled_run = false\n', sizes="[1]")
     res = regress.run_regress("kernel", "c", str(tmp_path / "r"), str(proj), python=f"{sys.executable},{py}")

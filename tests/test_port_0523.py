@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, copy_project, sglpatch
+from conftest import ROOT, copy_project, sglpatch, venv_0523
 from test_rebase import snapshot
 
 TARGET = "0.5.23"
@@ -108,8 +108,6 @@ def test_stop_then_abort_restores_bytes(base_059, tmp_path):
 # P1/P4 on SGLang 0.5.23's own modules (tests/real_0523/, in the 0.5.23 venv)
 
 
-def venv_0523() -> Path:
-    return Path(os.environ.get("SGLPATCH_TEST_VENV_0523", ROOT / ".venv-0523")) / "bin" / "python"
 
 
 @pytest.fixture(scope="module")
@@ -124,7 +122,7 @@ def real_0523(tree, tmp_path_factory):
     """tests/real_0523/ run once per session with the 0.5.23 venv's python on the replayed tree."""
     py = venv_0523()
     if not py.is_file():
-        pytest.skip(f"no 0.5.23 venv at {py.parent.parent} (scripts/test.sh builds it; set SGLPATCH_TEST_VENV_0523)")
+        pytest.skip(f"no 0.5.23 venv at {py.parent.parent} (scripts/test.sh builds it, log: {py.parent.parent}.log; set SGLPATCH_TEST_VENV_0523)")
     out = tmp_path_factory.mktemp("real0523") / "startup-lines.jsonl"
     env = dict(os.environ, SGLPATCH_REAL_0523=str(tree / "python"), PYTHONPATH=str(tree / "python"), CUDA_VISIBLE_DEVICES="",
                HF_HUB_OFFLINE="1", SGLPATCH_0523_OUT=str(out))

@@ -295,6 +295,39 @@ def test_depwatch_reports_what_the_newer_wheel_drops_of_what_the_tree_uses(tmp_p
     assert depwatch.changes(cfg, o, o, uses, set(), "9.9")[0]["kind"] == "same"
 
 
+def test_depwatch_reads_only_the_modules_looked_up_and_a_warm_check_opens_no_wheel(tmp_path, monkeypatch):
+    """A wheel's modules are read when first looked up (flashinfer-python 0.7 ships 3,500): a
+    module whose file does not parse is not there; what was read is kept under the wheel's sha256,
+    so the same look-ups again need no wheel at all, and a new look-up reads the wheel again."""
+    import zipfile
+
+    from sglpatch.watch import depwatch
+
+    monkeypatch.setenv("SGLPATCH_CACHE", str(tmp_path / "cache"))
+    whl = _fake_flashinfer(tmp_path / "w.whl", "from .pcie_ipc_ar import PcieIpcAllReduceWorkspace\n", "X = 1\n")
+    with zipfile.ZipFile(whl, "a") as zf:
+        zf.writestr("flashinfer/broken.py", "def f(:\n")
+        zf.writestr("flashinfer/unread.py", "Y = 2\n")
+    sha = "ab" * 32
+    mods = depwatch.wheel_names(whl, sha, "flashinfer")
+    assert "flashinfer.broken" not in mods and not depwatch.has(mods, "flashinfer.broken", None)
+    assert depwatch.has(mods, "flashinfer", "PcieIpcAllReduceWorkspace")  # through the star import of flashinfer.comm
+    assert mods["flashinfer.comm.pcie_ipc_tuning"]["consts"] == {"X": "1"}
+    mods.save()
+    saved = json.loads((tmp_path / "cache" / "trees.git" / "facts" / "wheel-modules" / f"{sha}.json").read_text())["flashinfer"]
+    assert sorted(saved["members"]) == ["flashinfer", "flashinfer.broken", "flashinfer.comm", "flashinfer.comm.pcie_ipc_ar",
+                                        "flashinfer.comm.pcie_ipc_tuning", "flashinfer.unread"]
+    assert sorted(k for k, v in saved["parsed"].items() if v) == ["flashinfer", "flashinfer.comm", "flashinfer.comm.pcie_ipc_tuning"]
+    assert saved["parsed"]["flashinfer.broken"] is None and "flashinfer.comm.pcie_ipc_ar" not in saved["parsed"]
+    whl.rename(tmp_path / "gone.whl")
+    warm = depwatch.wheel_names(whl, sha, "flashinfer")  # the facts answer: the wheel is not opened
+    assert depwatch.has(warm, "flashinfer", "PcieIpcAllReduceWorkspace") and "flashinfer.broken" not in warm
+    with pytest.raises(FileNotFoundError):
+        _ = "flashinfer.unread" in warm  # never read: needs the wheel
+    (tmp_path / "gone.whl").rename(whl)
+    assert depwatch.has(depwatch.wheel_names(whl, sha, "flashinfer"), "flashinfer.unread", "Y")
+
+
 def test_depwatch_flashinfer_072_to_074_on_the_real_0523_tree(trees):
     """The real wheels (0.7.2 is the supersession probe's; 0.7.4 the one extra download) against
     the real 0.5.23 tree: the PCIe-IPC tune-cache version goes 4 -> 5; gen_/get_pcie_ipc_comm_module

@@ -10,7 +10,8 @@ lacks is reported with the file:line that uses it, marked when the file is one t
 patches or relies on. Also reported: names dropped from the module namespaces the table lists
 (``flashinfer.comm``), and the table's constants whose value changed, with its note. Wheels are
 index-verified (sglpatch.artifacts); what a wheel defines is kept in the tree cache's facts under
-its sha256, what a tree imports under the tree id, so a warm watch reads no wheel.
+its sha256 (each module read when first looked up), what a tree imports under the tree id, so a
+warm watch reads no wheel.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from __future__ import annotations
 import ast
 import re
 import zipfile
+from collections.abc import Mapping
 from pathlib import Path
 
 from sglpatch import toml
@@ -91,29 +93,76 @@ def _bound(body: list, package: str, names: set, stars: list, consts: dict) -> N
                 _bound(h.body, package, names, stars, consts)
 
 
-def wheel_names(path: Path, sha256: str, module: str) -> dict:
-    """{module: {"names", "stars", "consts"}} of every module of `module` in the wheel (cached by sha256)."""
-    facts = treecache.load_facts("wheel-names", sha256) if sha256 else {}
-    if module in facts:
-        return facts[module]
-    mods = {}
-    with zipfile.ZipFile(path) as zf:
-        for member in zf.namelist():
-            if not (member.startswith(module + "/") and member.endswith(".py") and _MEMBER.match(member)):
-                continue
-            name = _mod_name(member)
-            names, stars, consts = set(), [], {}
-            try:
-                tree = ast.parse(zf.read(member))
-            except (SyntaxError, ValueError):
-                continue
+class WheelModules(Mapping):
+    """{module: {"names", "stars", "consts", "member"}} of every module of one package in a wheel,
+    each module read with ast when first looked up: a wheel such as flashinfer-python 0.7 ships
+    3,500 modules (120 MB of Python; parsing them all took minutes), a check reads a few dozen.
+    A module whose file does not parse is not there (importing it would fail too). What was read is
+    kept in the facts under the wheel's sha256 (``save``), with the module list, so a warm check
+    opens no wheel."""
+
+    def __init__(self, path: Path, sha256: str, module: str):
+        self.path, self.sha256, self.module = path, sha256, module
+        self._facts = treecache.load_facts("wheel-modules", sha256) if sha256 else {}
+        known = self._facts.get(module)
+        if isinstance(known, dict) and isinstance(known.get("members"), dict) and isinstance(known.get("parsed"), dict):
+            self._members, self._parsed = known["members"], known["parsed"]
+        else:
+            self._members, self._parsed = {}, {}
+            with zipfile.ZipFile(path) as zf:
+                for member in zf.namelist():
+                    if member.startswith(module + "/") and member.endswith(".py") and _MEMBER.match(member):
+                        self._members[_mod_name(member)] = member
+        self._zf: zipfile.ZipFile | None = None
+        self._dirty = not known
+
+    def _read(self, name: str) -> dict | None:
+        if name in self._parsed:
+            return self._parsed[name]
+        member = self._members[name]
+        if self._zf is None:
+            self._zf = zipfile.ZipFile(self.path)
+        names, stars, consts = set(), [], {}
+        try:
+            tree = ast.parse(self._zf.read(member))
+        except (SyntaxError, ValueError):
+            got = None
+        else:
             pkg = name if member.endswith("/__init__.py") else name.rsplit(".", 1)[0]
             _bound(tree.body, pkg, names, stars, consts)
-            mods[name] = {"names": sorted(names), "stars": stars, "consts": consts, "member": member}
-    if sha256:
-        facts[module] = mods
-        treecache.save_facts("wheel-names", sha256, facts)
-    return mods
+            got = {"names": sorted(names), "stars": stars, "consts": consts, "member": member}
+        self._parsed[name], self._dirty = got, True
+        return got
+
+    def __contains__(self, name) -> bool:
+        return name in self._members and self._read(name) is not None
+
+    def __getitem__(self, name: str) -> dict:
+        got = self._read(name) if name in self._members else None
+        if got is None:
+            raise KeyError(name)
+        return got
+
+    def __iter__(self):  # every module: reads them all
+        return (n for n in list(self._members) if n in self)
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+    def save(self) -> None:
+        """Keep what was read (best effort) and close the wheel."""
+        if self._zf is not None:
+            self._zf.close()
+            self._zf = None
+        if self.sha256 and self._dirty:
+            self._facts[self.module] = {"members": self._members, "parsed": self._parsed}
+            treecache.save_facts("wheel-modules", self.sha256, self._facts)
+            self._dirty = False
+
+
+def wheel_names(path: Path, sha256: str, module: str) -> WheelModules:
+    """The modules of `module` in the wheel, each read when first looked up (cached by sha256)."""
+    return WheelModules(path, sha256, module)
 
 
 def has(mods: dict, module: str, name: str | None, depth: int = 0) -> bool:
@@ -215,7 +264,11 @@ def check(dist: str, cfg: dict, pinned: str, newest: str, git: Git, tree: str, r
     old_path, old_sha = _wheel(dist, pinned)
     new_path, new_sha = _wheel(dist, newest)
     old, new = wheel_names(old_path, old_sha, cfg["module"]), wheel_names(new_path, new_sha, cfg["module"])
-    return changes(cfg, old, new, tree_uses(git, tree, cfg["module"]), relied, newest)
+    try:
+        return changes(cfg, old, new, tree_uses(git, tree, cfg["module"]), relied, newest)
+    finally:
+        old.save()
+        new.save()
 
 
 def changes(cfg: dict, old: dict, new: dict, uses: dict, relied: set[str], newest: str) -> list[dict]:
