@@ -158,6 +158,8 @@ MUTANTS: dict[str, list[Mutant]] = {
                F5, [('self._warn(f"rank {rank}: {reason}")', 'self._warn(reason)')], [P5]),
         Mutant("p5-no-rebind", "P5", "ordering", "the workspace is not rebound when the caller's stream changes",
                F5, [("            self._workspace.rebind_stream()\n", "            pass\n")], [P5]),
+        Mutant("p5-first-call-unbound", "P5", "ordering", "the first call trusts != against None (torch.Stream answers False)",
+               F5, [("        if self._stream is None or stream != self._stream:\n", "        if stream != self._stream:\n")], [P5]),
         Mutant("p5-p1-does-not-yield", "P5", "rule", "P1's gate ignores the PCIe-IPC switch",
                "server_args.py", [("    if pcie_ipc_on:\n", "    if False:\n")], [P5]),
     ],

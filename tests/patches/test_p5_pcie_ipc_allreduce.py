@@ -94,6 +94,14 @@ class Capture(logging.Handler):
     def emit(self, record):
         self.records.append([record.levelname, record.getMessage()])
 
+class Stream:  # torch.Stream's comparison before pytorch PR 192523 (torch 2.9.1, 2.11): False against None
+    def __init__(self, sid):
+        self.sid = sid
+    def __eq__(self, other):
+        return other is not None and self.sid == other.sid
+    def __ne__(self, other):
+        return other is not None and self.sid != other.sid
+
 WS = 4
 def child(rank, port, outdir, bad_rank, max_numel_env):
     os.environ.pop("SGLANG_PCIE_IPC_MAX_NUMEL", None)
@@ -104,7 +112,7 @@ def child(rank, port, outdir, bad_rank, max_numel_env):
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WS,
                             timeout=datetime.timedelta(seconds=30))
     cap = Capture(); m.logger.addHandler(cap); m.logger.setLevel(logging.INFO)
-    capturing = [False]; stream = ["s0"]
+    capturing = [False]; stream = [Stream(0)]
     torch.cuda.is_current_stream_capturing = lambda: capturing[0]
     torch.cuda.current_stream = lambda: stream[0]
     comm = m.PcieIpcAllReduce(group=dist.group.WORLD, device=torch.device("cuda", 3))
@@ -119,7 +127,7 @@ def child(rank, port, outdir, bad_rank, max_numel_env):
         capturing[0] = True
         res["capture"] = {str(r): comm.should_pcie_ipc_ar(t(r)) for r in (1, 2, 3, 12, 13)}
         capturing[0] = False
-        comm.all_reduce(t(3)); comm.all_reduce(t(3)); stream[0] = "s1"; comm.all_reduce(t(1))
+        comm.all_reduce(t(3)); comm.all_reduce(t(3)); stream[0] = Stream(7); comm.all_reduce(t(1))
         comm.destroy()
         res["after_destroy"] = comm.should_pcie_ipc_ar(t(1))
     res["calls"] = FakeWorkspace.calls
