@@ -49,6 +49,7 @@ HOSTS = "        self._hosts_draft = get_parallel().pp_group.is_last_rank\n"
 P1_0523, P4_0523 = "tests/real_0523/test_p1_0523.py", "tests/real_0523/test_p4_0523.py"
 P1, P2 = "tests/patches/test_p1_flashinfer_fusion.py", "tests/patches/test_p2_pcie_custom_ar.py"
 P5 = "tests/patches/test_p5_pcie_ipc_allreduce.py"
+P5SET = "tests/patches/test_p5_flashinfer_set.py"
 F5 = "distributed/device_communicators/pcie_ipc_allreduce.py"
 P3, P4 = "tests/patches/test_p3_kimi_k25_eagle3.py", "tests/patches/test_p4_verify_profile.py"
 VERSION_CMP = ("pkg_version.parse(\n        flashinfer_version\n    ) < pkg_version.parse(min_version):",
@@ -160,6 +161,8 @@ MUTANTS: dict[str, list[Mutant]] = {
                F5, [("            self._workspace.rebind_stream()\n", "            pass\n")], [P5]),
         Mutant("p5-first-call-unbound", "P5", "ordering", "the first call trusts != against None (torch.Stream answers False)",
                F5, [("        if self._stream is None or stream != self._stream:\n", "        if stream != self._stream:\n")], [P5]),
+        Mutant("p5-workspace-keyword", "P5", "rule", "the workspace gets a keyword flashinfer 0.7.2's signature lacks",
+               F5, [("                tune_cache=self.tune_cache,\n", "                cache_path=self.tune_cache,\n")], [P5SET]),
         Mutant("p5-p1-does-not-yield", "P5", "rule", "P1's gate ignores the PCIe-IPC switch",
                "server_args.py", [("    if pcie_ipc_on:\n", "    if False:\n")], [P5]),
     ],

@@ -109,11 +109,20 @@ def scan(path: Path) -> tuple[list[dict], list[dict]]:
             for t in node.targets:
                 if isinstance(t, ast.Name):
                     bound.setdefault(t.id, bound[node.value.id])
+    returns = {}  # a function that returns an imported name: _workspace_class()(...) calls that name
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef):
+            for r in ast.walk(node):
+                if isinstance(r, ast.Return) and isinstance(r.value, ast.Name) and r.value.id in bound:
+                    returns[node.name] = bound[r.value.id]
     calls = []
     for node in ast.walk(tree):
         if not isinstance(node, ast.Call):
             continue
         parts, f = [], node.func
+        if isinstance(f, ast.Call) and isinstance(f.func, ast.Name) and f.func.id in returns:
+            bound.setdefault(f"{f.func.id}()", returns[f.func.id])
+            f = ast.Name(id=f"{f.func.id}()")
         while isinstance(f, ast.Attribute):
             parts.insert(0, f.attr)
             f = f.value
