@@ -131,7 +131,7 @@ def test_p5_is_superseded_on_0_5_23_by_its_probe_not_on_0_5_21(trees):
     cg, newest, path = trees[NEWEST]
     r = supersede.probe(cg, newest, p5(), watch.dep_pins(path, NEWEST))
     assert r.holds and "PcieIpcCommunicator" in r.evidence and "flashinfer-python 0.7.2 ships PcieIpcAllReduceWorkspace" in r.evidence
-    assert r.switch == "SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=1 (same switch upstream)"
+    assert r.switch == "use SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=1 (same switch upstream)"
     cg, wheel, path = trees[WHEEL]
     r = supersede.probe(cg, wheel, p5(), watch.dep_pins(path, WHEEL))
     assert not r.holds and "0.6.18 has no PcieIpcAllReduceWorkspace" in r.evidence and "dependency missing" in r.evidence
