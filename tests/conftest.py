@@ -27,6 +27,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+# the committed series, read once: tests count and name its patches from here, not from a literal
+SERIES = [ln.strip() for ln in (ROOT / "series").read_text().splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
 # tests/real_0523/ runs inside the 0.5.23 venv only (tests/test_port_0523.py starts it with
 # SGLPATCH_REAL_0523 set); not descending into it here keeps its conftest from shadowing this one
 collect_ignore = [] if os.environ.get("SGLPATCH_REAL_0523") else ["real_0523"]

@@ -48,6 +48,9 @@ HOOK_0523 = """        # SGLANG_VERIFY_PROFILE=1 times each cycle's phases; off:
 HOSTS = "        self._hosts_draft = get_parallel().pp_group.is_last_rank\n"
 P1_0523, P4_0523 = "tests/real_0523/test_p1_0523.py", "tests/real_0523/test_p4_0523.py"
 P1, P2 = "tests/patches/test_p1_flashinfer_fusion.py", "tests/patches/test_p2_pcie_custom_ar.py"
+P5 = "tests/patches/test_p5_pcie_ipc_allreduce.py"
+P5SET = "tests/patches/test_p5_flashinfer_set.py"
+F5 = "distributed/device_communicators/pcie_ipc_allreduce.py"
 P3, P4 = "tests/patches/test_p3_kimi_k25_eagle3.py", "tests/patches/test_p4_verify_profile.py"
 VERSION_CMP = ("pkg_version.parse(\n        flashinfer_version\n    ) < pkg_version.parse(min_version):",
                "(\n        flashinfer_version\n    ) < min_version:")  # compared as strings
@@ -141,6 +144,27 @@ MUTANTS: dict[str, list[Mutant]] = {
                "speculative/spec_profiler.py", [DROP_NEWEST], [P4]),
         Mutant("p4-accept-read-late", "P4", "ordering", "the accept lengths kept by reference: a tensor reused before the events complete is read late",
                "speculative/spec_profiler.py", [ACCEPT_BY_REF], [P4]),
+        # P5 (0005, issue 26): PCIe-IPC allreduce backport
+        Mutant("p5-pack-rounds-down", "P5", "number", "max_numel rounded down to a pack, not up (handed to flashinfer)",
+               F5, [("return -(-numel // PCIE_IPC_PACK_ELEMS) * PCIE_IPC_PACK_ELEMS", "return numel // PCIE_IPC_PACK_ELEMS * PCIE_IPC_PACK_ELEMS")], [P5]),
+        Mutant("p5-world-size-any", "P5", "default", "world sizes other than 2/4/8 admitted (only the convenient 8 tested)",
+               F5, [("    if world_size not in PCIE_IPC_WORLD_SIZES:\n", "    if world_size < 2:\n")], [P5]),
+        Mutant("p5-cap-exclusive", "P5", "number", "a reduction of exactly max_numel goes to the next backend (>= for >)",
+               F5, [("inp.numel() > self.max_numel:", "inp.numel() >= self.max_numel:")], [P5]),
+        Mutant("p5-capture-unprepared", "P5", "ordering", "inside a capture any supported shape is served, prepared or not",
+               F5, [("            return inp.numel() // self.hidden in self._prepared\n", "            return self._workspace.supports(inp)\n")], [P5]),
+        Mutant("p5-local-decision", "P5", "rule", "each rank decides on its own blocker, not the gathered ones",
+               F5, [('blockers = [(r, f["blocker"]) for r, f in enumerate(facts) if f["blocker"]]', 'blockers = [(self.rank, blocker)] if blocker else []')], [P5]),
+        Mutant("p5-warning-no-rank", "P5", "verdict", "the fallback warning no longer names the rank that turned it off",
+               F5, [('self._warn(f"rank {rank}: {reason}")', 'self._warn(reason)')], [P5]),
+        Mutant("p5-no-rebind", "P5", "ordering", "the workspace is not rebound when the caller's stream changes",
+               F5, [("            self._workspace.rebind_stream()\n", "            pass\n")], [P5]),
+        Mutant("p5-first-call-unbound", "P5", "ordering", "the first call trusts != against None (torch.Stream answers False)",
+               F5, [("        if self._stream is None or stream != self._stream:\n", "        if stream != self._stream:\n")], [P5]),
+        Mutant("p5-workspace-keyword", "P5", "rule", "the workspace gets a keyword flashinfer 0.7.2's signature lacks",
+               F5, [("                tune_cache=self.tune_cache,\n", "                cache_path=self.tune_cache,\n")], [P5SET]),
+        Mutant("p5-p1-does-not-yield", "P5", "rule", "P1's gate ignores the PCIe-IPC switch",
+               "server_args.py", [("    if pcie_ipc_on:\n", "    if False:\n")], [P5]),
     ],
     "tool": [
         Mutant("profile-break-even-all-batches", "profile-report", "default", "break-even from the mean cycle of all batch sizes, not batch 1's",

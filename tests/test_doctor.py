@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import SERIES
 from sglpatch.gpu import doctor_checks as dc
 from sglpatch.gpu import doctor_gpu as dg
 from sglpatch.gpu import profiles, topology
@@ -159,7 +160,7 @@ def test_sglang_line_of_the_patched_workdir(patched_python, patched_tree, projec
     served = imported_sglang(str(patched_python), base_env(), project_root)
     c = dc.check_sglang(served)
     assert c.state == "ok", c.line()
-    assert f"(workdir {patched_tree}, 4 patches: 0001-" in c.text and "; in sync with the series" in c.text
+    assert f"(workdir {patched_tree}, {len(SERIES)} patches: 0001-" in c.text and "; in sync with the series" in c.text
     assert "state:    in sync with the series" in c.details and "dirty:    0 uncommitted file(s)" in c.details
     # the same workdir as `sglpatch status` would show it after a commit there, or with an edit
     unexported = [ln if not ln.startswith("state:") else "state:    patched has unexported commits: run "

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, copy_project, sglpatch, venv_0523
+from conftest import ROOT, SERIES, copy_project, sglpatch, venv_0523
 from test_rebase import snapshot
 
 TARGET = "0.5.23"
@@ -98,7 +98,7 @@ def test_stop_then_abort_restores_bytes(base_059, tmp_path):
     before = snapshot(workdir, project)
     res = rebase_sh(workdir, project, "--onto", TARGET)
     assert res.returncode == 3, res.stdout[-3000:] + res.stderr[-2000:]
-    assert f"rebase stopped at patch 4/4: {P4}" in res.stdout
+    assert f"rebase stopped at patch 4/{len(SERIES)}: {P4}" in res.stdout
     res = rebase_sh(workdir, project, "--abort")
     assert res.returncode == 0, res.stderr
     assert snapshot(workdir, project) == before

@@ -15,7 +15,7 @@ import uuid
 
 import pytest
 
-from conftest import ROOT, copy_project, sglpatch
+from conftest import ROOT, SERIES, copy_project, sglpatch
 from sglpatch import artifacts, pkgindex, rebase, series, treecache, watch
 from sglpatch import upstream as up
 from sglpatch.gitcmd import Git
@@ -28,6 +28,7 @@ SDIST = "0.5.10"
 WHEEL = "0.5.21"
 NEWEST = "0.5.23"
 P2 = "0002-pcie-custom-allreduce.patch"
+P5 = "0005-parallel_state-opt-in-FlashInfer-PCIe-IPC-allreduce.patch"
 PCIE_IPC = "python/sglang/srt/distributed/device_communicators/pcie_ipc_ar.py"
 
 
@@ -44,6 +45,10 @@ def trees():
 
 def p2() -> series.PatchFile:
     return series.parse_patch(P2, (ROOT / "patches" / P2).read_bytes())
+
+
+def p5() -> series.PatchFile:
+    return series.parse_patch(P5, (ROOT / "patches" / P5).read_bytes())
 
 
 def test_index_lists_wheel_only_releases():
@@ -120,6 +125,20 @@ def test_supersession_holds_only_with_the_dependency(trees):
     assert not r.holds and r.evidence == ""
 
 
+def test_p5_is_superseded_on_0_5_23_by_its_probe_not_on_0_5_21(trees):
+    """P5 backports upstream's PCIe-IPC allreduce to 0.5.9: its X-Superseded-By holds where
+    upstream's adapter and a flashinfer with the workspace are both there, and only there."""
+    cg, newest, path = trees[NEWEST]
+    r = supersede.probe(cg, newest, p5(), watch.dep_pins(path, NEWEST))
+    assert r.holds and "PcieIpcCommunicator" in r.evidence and "flashinfer-python 0.7.2 ships PcieIpcAllReduceWorkspace" in r.evidence
+    assert r.switch == "use SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=1 (same switch upstream)"
+    cg, wheel, path = trees[WHEEL]
+    r = supersede.probe(cg, wheel, p5(), watch.dep_pins(path, WHEEL))
+    assert not r.holds and "0.6.18 has no PcieIpcAllReduceWorkspace" in r.evidence and "dependency missing" in r.evidence
+    cg, old, path = trees[SDIST]
+    assert supersede.probe(cg, old, p5(), watch.dep_pins(path, SDIST)).evidence == ""
+
+
 def test_recorded_resolution_reused_for_same_conflict_refused_for_another(trees, tmp_path):
     """The committed 0.5.10.post1 record of P2 is keyed by its conflict (sglpatch rebase
     --continue, scripts/rerecord.sh); 0.5.10 shows the same conflict: offered, merge-checked,
@@ -151,14 +170,16 @@ def test_watch_cli_matrix_json_markdown(trees, tmp_path):
     res = sglpatch("watch", "--project", str(project), "--releases", f"{WHEEL},{NEWEST}", "--json", str(out_json), "--markdown", str(out_md))
     assert res.returncode == 3, res.stdout + res.stderr  # the newest needs a human (P1/P4 conflict)
     assert res.stdout.splitlines()[1].split()[:5] == ["release", "P1", "P2", "P3", "P4"]
-    rows = {line.split()[0]: line.split()[1:5] for line in res.stdout.splitlines() if line[:5] == "0.5.2"}
+    rows = {line.split()[0]: line.split()[1:6] for line in res.stdout.splitlines() if line[:5] == "0.5.2"}
     assert set(rows) == {WHEEL, NEWEST}  # the list, not the range (no 0.5.22)
     assert rows[NEWEST][1] == "superseded" and rows[WHEEL][1] != "superseded" and rows[NEWEST][2] == "upstream"
+    assert rows[NEWEST][4] == "superseded" and rows[WHEEL][4] == "CONFLICT"  # P5: its probe holds on 0.5.23 only
     data = json.loads(out_json.read_text())
     assert data["newest"] == NEWEST and data["newest_verdict"] == "human"
     assert data["rows"][0]["deps"]["torch"] == "==2.13.0" and data["pinned"]["deps"]["torch"] == "==2.9.1"
     md = out_md.read_text()
-    assert "| release | source | P1 | P2 | P3 | P4 | verdict |" in md and "superseded by upstream" in md
+    header = " | ".join(f"P{k}" for k in range(1, len(SERIES) + 1))
+    assert f"| release | source | {header} | verdict |" in md and "superseded by upstream" in md
 
 
 def test_second_run_reuses_the_classification_recheck_and_new_inputs_redo_it(trees, tmp_path, monkeypatch):
