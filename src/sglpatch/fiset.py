@@ -175,7 +175,8 @@ def check(python: str, fs: FlashinferSet, installer: str = "auto") -> tuple[list
     *_, cmd = _cmds(python, installer)
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd="/")
     lines = [ln.strip() for ln in (proc.stdout + "\n" + proc.stderr).splitlines() if ln.strip()]
-    lines = [ln for ln in lines if not re.match(r"^(No broken requirements found|Checked \d+ packages?|All installed packages are compatible)", ln)]
+    quiet = r"^(No broken requirements found|Checked \d+ packages?|All installed packages are compatible|Using Python .* environment at|Found \d+ incompatibilit)"
+    lines = [ln for ln in lines if not re.match(quiet, ln)]
     names = {n for n in fs.names} | {n.replace("-", "_") for n in fs.names}
     ours = [ln for ln in lines if any(re.search(rf"(?<![\w.-]){re.escape(n)}(?![\w-])", ln, re.I) for n in names)]
     return ours, [ln for ln in lines if ln not in ours]
@@ -189,7 +190,7 @@ def verdict(python: str, fs: FlashinferSet, installer: str = "auto", rollback: s
         raise SglpatchError(f"pip check in {python} after --with-flashinfer: {len(ours)} conflict(s) with the flashinfer set: "
                             + "; ".join(ours[:4]) + (" ..." if len(ours) > 4 else "") + back)
     return "pip check: no conflict with the flashinfer set" + (
-        f" ({len(others)} line(s) about other packages, there before: {'; '.join(others[:2])}{' ...' if len(others) > 2 else ''})"
+        f" ({len(others)} line(s) about other packages: {'; '.join(others[:2])}{' ...' if len(others) > 2 else ''})"
         if others else " (clean)")
 
 
