@@ -180,3 +180,46 @@ def test_rewrite_puts_the_set_into_a_releases_pins():
     out, notes = fiset.rewrite(["torch==2.9.1"], fiset.read(ROOT))  # a release without them: added
     assert out == ["torch==2.9.1", "flashinfer-python==0.7.2", "nvidia-cutlass-dsl>=4.6.2"]
     assert notes[-1] == "nvidia-cutlass-dsl>=4.6.2 added (deps/flashinfer.toml)"
+
+
+def test_the_trees_own_pins_must_admit_the_set(tmp_path, patched_tree):
+    """Before anything is installed: a pin of the patched tree that the set breaks (pip check would
+    name it) refuses in one line. The real tree says what the series carries today."""
+    fs = fiset.read(ROOT)
+    tree = tmp_path / "wd"
+    (tree / "python").mkdir(parents=True)
+    pyproject = tree / "python" / "pyproject.toml"
+    pyproject.write_text('[project]\nname = "sglang"\ndependencies = ["torch==2.9.1", "flashinfer_python==0.6.3", '
+                         '"flashinfer_cubin==0.6.3", "quack-kernels==0.2.4", "nvidia-cutlass-dsl>=4.3.4"]\n')
+    assert fiset.tree_conflicts(tree, fs) == ["flashinfer_python==0.6.3 (the set installs 0.7.2)",
+                                              "flashinfer_cubin==0.6.3 (the set removes it)",
+                                              "quack-kernels==0.2.4 (the set removes it)"]
+    pyproject.write_text('[project]\nname = "sglang"\ndependencies = ["flashinfer_python==0.7.2", "nvidia-cutlass-dsl>=4.3.4"]\n')
+    assert fiset.tree_conflicts(tree, fs) == []
+    pyproject.unlink()  # a wheel-sourced tree: nothing to compare
+    assert fiset.tree_conflicts(tree, fs) == []
+    real = fiset.tree_conflicts(patched_tree, fs)
+    pins = (patched_tree / "python" / "pyproject.toml").read_text()
+    if '"flashinfer_python==0.6.3"' in pins:  # the series without P5's pin change
+        assert real[0] == "flashinfer_python==0.6.3 (the set installs 0.7.2)"
+    else:
+        assert not [c for c in real if c.startswith("flashinfer_python")]
+
+
+def test_apply_refuses_before_installing_when_the_tree_pins_the_old_set(box, project_copy, tmp_path):
+    """The CLI: the tree is built, its pins are read, nothing goes into the Python."""
+    (project_copy / "deps").mkdir(exist_ok=True)
+    (project_copy / "deps" / "flashinfer.toml").write_text((ROOT / "deps" / "flashinfer.toml").read_text())
+    py = serving(box["tmp"], "uv")
+    wd = tmp_path / "fork"
+    proc = subprocess.run([sys.executable, "-m", "sglpatch.cli", "apply", "--project", str(project_copy), "--workdir", str(wd),
+                           "--source", "sdist", "--python", py, "--with-flashinfer"], capture_output=True, text=True,
+                          env=dict(os.environ, **box["env"]), timeout=600, cwd=ROOT)
+    bad = fiset.tree_conflicts(wd, fiset.read(project_copy))
+    if not bad:
+        pytest.skip("the series pins deps/flashinfer.toml's set (P5's pin change): covered by the install tests")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert proc.stderr.strip().splitlines()[-1] == (
+        f"sglpatch: error: the patched tree's python/pyproject.toml pins {', '.join(bad)}: pip check would fail after "
+        "--with-flashinfer; the series must carry P5's pin change (deps/flashinfer.toml); nothing was installed")
+    assert has(py)["flashinfer-python"] == "0.6.3" and "sglang" not in fiset.installed(py)

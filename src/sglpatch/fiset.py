@@ -116,6 +116,31 @@ def rewrite(reqs: list[str], fs: FlashinferSet) -> tuple[list[str], list[str]]:
     return out, notes
 
 
+def tree_conflicts(workdir: Path, fs: FlashinferSet) -> list[str]:
+    """The patched tree's own pins (python/pyproject.toml) that the set breaks: `pip check` would
+    name them after the install. [] for a wheel-sourced tree (no pyproject.toml: its METADATA is the
+    release's) or a tree that agrees."""
+    path = Path(workdir) / "python" / "pyproject.toml"
+    try:
+        deps = toml.loads(path.read_text()).get("project", {}).get("dependencies", [])
+    except FileNotFoundError:
+        return []
+    except (OSError, toml.TOMLDecodeError) as e:
+        raise SglpatchError(f"{path}: {e}")
+    out = []
+    for req in deps:
+        try:
+            r = Requirement(str(req))
+        except InvalidRequirement:
+            continue
+        name = norm(r.name)
+        if name == PACKAGE and not r.specifier.contains(Version(fs.version), prereleases=True):
+            out.append(f"{r.name}{r.specifier} (the set installs {fs.version})")
+        elif name in fs.remove:
+            out.append(f"{r.name}{r.specifier} (the set removes it)")
+    return out
+
+
 def installed(python: str) -> dict[str, str]:
     """{normalized name: version} of what python has installed (read only, nothing imported)."""
     import json

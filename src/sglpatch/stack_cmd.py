@@ -54,6 +54,8 @@ def _cmd_apply(args) -> int:
             project, workdir, source=source, force=args.force, python=args.python, url=args.upstream_url, sdist_fallback=args.source == "auto"
         )
         print(result.message)
+        if args.with_flashinfer:  # before anything is installed: the tree's own pins must admit the set
+            _tree_agrees(workdir, prep.flashinfer if prep else fs)
         if prep:
             newvenv.create(prep, args.python or sys.executable)
             print(install.install(workdir, python=str(prep.python), installer=prep.plan.installer, version=read_lock(project).version,
@@ -76,6 +78,13 @@ def _cmd_apply(args) -> int:
         return 0
     except OSError as e:
         raise cliargs.os_error(e) from None
+
+
+def _tree_agrees(workdir, fs) -> None:
+    bad = fiset.tree_conflicts(workdir, fs)
+    if bad:
+        raise SglpatchError(f"the patched tree's python/pyproject.toml pins {', '.join(bad)}: pip check would fail after "
+                            "--with-flashinfer; the series must carry P5's pin change (deps/flashinfer.toml); nothing was installed")
 
 
 def _venv_summary(prep, args) -> None:
