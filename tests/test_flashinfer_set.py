@@ -53,10 +53,14 @@ def box(tmp_path, monkeypatch):
     for k, v in env.items():
         monkeypatch.setenv(k, v)
     monkeypatch.delenv("PIP_CONSTRAINT", raising=False)
+    # the serving Python must not see the tool's own source (a PYTHONPATH with sglpatch's egg-info
+    # would show in its pip check); the CLI runs below get it back
+    tool_path = {"PYTHONPATH": os.environ["PYTHONPATH"]} if os.environ.get("PYTHONPATH") else {}
+    monkeypatch.delenv("PYTHONPATH", raising=False)
     project = tmp_path / "project"
     (project / "deps").mkdir(parents=True)
     (project / "deps" / "flashinfer.toml").write_text((ROOT / "deps" / "flashinfer.toml").read_text())
-    return {"tmp": tmp_path, "env": env, "project": project}
+    return {"tmp": tmp_path, "env": env, "project": project, "cli_env": dict(os.environ, **env, **tool_path)}
 
 
 def serving(tmp: Path, installer: str) -> str:
@@ -130,7 +134,7 @@ def test_dry_run_through_the_cli_shows_the_resolvers_plan_and_changes_nothing(bo
     wd = box["tmp"] / "fork"
     proc = subprocess.run([sys.executable, "-m", "sglpatch.cli", "apply", "--project", str(project_copy), "--workdir", str(wd),
                            "--python", py, "--with-flashinfer", "--dry-run"], capture_output=True, text=True,
-                          env=dict(os.environ, **box["env"]), timeout=300, cwd=ROOT)
+                          env=box["cli_env"], timeout=300, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     out = proc.stdout.splitlines()
     assert out[0] == "dry run: the tree is not built and nothing is installed"
@@ -141,11 +145,12 @@ def test_dry_run_through_the_cli_shows_the_resolvers_plan_and_changes_nothing(bo
     assert has(py) == before and not wd.exists()
     # --no-install contradicts it; a project without the file says what it needs
     proc = subprocess.run([sys.executable, "-m", "sglpatch.cli", "apply", "--project", str(project_copy), "--no-install",
-                           "--with-flashinfer"], capture_output=True, text=True, timeout=300, cwd=ROOT)
+                           "--with-flashinfer"], capture_output=True, text=True, timeout=300, cwd=ROOT, env=box["cli_env"])
     assert proc.returncode == 2 and "--no-install contradicts it" in proc.stderr
     (project_copy / "deps" / "flashinfer.toml").unlink()
     proc = subprocess.run([sys.executable, "-m", "sglpatch.cli", "apply", "--project", str(project_copy), "--python", py,
-                           "--with-flashinfer", "--dry-run"], capture_output=True, text=True, timeout=300, cwd=ROOT)
+                           "--with-flashinfer", "--dry-run"], capture_output=True, text=True, timeout=300, cwd=ROOT,
+                          env=box["cli_env"])
     assert proc.returncode == 1 and proc.stderr.strip().splitlines() == [
         f"sglpatch: error: --with-flashinfer needs {project_copy}/deps/flashinfer.toml (which flashinfer, what it overrides "
         "and removes); the project has none"]
@@ -214,7 +219,7 @@ def test_apply_refuses_before_installing_when_the_tree_pins_the_old_set(box, pro
     wd = tmp_path / "fork"
     proc = subprocess.run([sys.executable, "-m", "sglpatch.cli", "apply", "--project", str(project_copy), "--workdir", str(wd),
                            "--source", "sdist", "--python", py, "--with-flashinfer"], capture_output=True, text=True,
-                          env=dict(os.environ, **box["env"]), timeout=600, cwd=ROOT)
+                          env=box["cli_env"], timeout=600, cwd=ROOT)
     bad = fiset.tree_conflicts(wd, fiset.read(project_copy))
     if not bad:
         pytest.skip("the series pins deps/flashinfer.toml's set (P5's pin change): covered by the install tests")
