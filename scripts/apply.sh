@@ -4,7 +4,7 @@
 # from, then say what that Python now imports. Safe to re-run: an up-to-date workdir makes no commit.
 #
 #   scripts/apply.sh [--workdir DIR] [--python PATH] [--source auto|git|sdist] [--no-install] [--force]
-#                    [--with-flashinfer] [--venv NEWDIR [--dry-run] [--release-artifact PATH] [--cuda 12.N]]
+#                    [--with-flashinfer [--dry-run]] [--venv NEWDIR [--dry-run] [--release-artifact PATH] [--cuda 12.N]]
 #
 # What goes where:
 #   PYTHON (the serving one) gets only the patched sglang: editable, --no-deps. Its other packages
@@ -20,12 +20,16 @@
 # --venv NEWDIR: do not install into PYTHON; build a NEW venv in NEWDIR from it, holding the
 # pinned release's full dependency set (its own Requires-Dist, resolved by uv or pip) and the
 # patched tree, after a preflight (NVIDIA driver vs the torch build's CUDA, wheels for the
-# Python, free disk, nvcc >= 12.9 when --with-flashinfer on SM12x) that refuses with one line
+# Python, free disk, nvcc >= 12.8 when --with-flashinfer) that refuses with one line
 # per failed condition. --dry-run prints the verdict and the resolved plan, changing nothing.
 # --cuda 12.N (offered by the preflight when the driver is below 580): the CUDA 12 builds instead,
 # from the indexes deps/cuda12.toml names, or a refusal naming the way out.
 # The tree goes to its own workdir (WORKDIR-VERSION unless --workdir is given; refused when it is
 # the tree PYTHON serves from). Without --python, PYTHON is as above, else python3.
+# --with-flashinfer: PYTHON (or the new venv) also gets the flashinfer set deps/flashinfer.toml
+# names, for P1 and P5 (flashinfer-python, what it overrides, minus what it removes), with uv when
+# found, else pip; then `pip check` must name none of it. Re-running changes nothing; the versions
+# it had are printed as the way back. --dry-run with it prints the plan and changes nothing.
 set -euo pipefail
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 if wants_help "$@"; then help_text; exit 0; fi
@@ -46,7 +50,7 @@ while [ $# -gt 0 ]; do
     --workdir=*) WORKDIR="${1#*=}"; WORKDIR_GIVEN=(--workdir "$WORKDIR"); shift ;;
     --python=*) PY="${1#*=}"; shift ;;
     --source=*) SOURCE="${1#*=}"; shift ;;
-    --with-flashinfer) WITH_FLASHINFER=1; shift ;;
+    --with-flashinfer) WITH_FLASHINFER=1; EXTRA+=("$1"); shift ;;
     --venv) VENV="$2"; shift 2 ;;
     --venv=*) VENV="${1#*=}"; shift ;;
     --release-artifact|--cuda) EXTRA+=("$1" "$2"); shift 2 ;;
@@ -75,35 +79,14 @@ PY_ARG=(); [ -n "$PY" ] && PY_ARG=(--python "$PY")
 
 if [ -n "$VENV" ]; then
   echo "apply.sh: new venv $VENV from python ${PY:-python3}, source $SOURCE" >&2
-  [ "$WITH_FLASHINFER" = 1 ] && EXTRA+=(--with-flashinfer)
   tool_python
   # without --workdir the tree goes to WORKDIR-VERSION: the serving venv's editable tree stays as it is
   exec "$TOOL_PY" -m sglpatch apply --project "$SGLPATCH_HOME" ${WORKDIR_GIVEN[@]+"${WORKDIR_GIVEN[@]}"} --source "$SOURCE" \
     ${PY_ARG[@]+"${PY_ARG[@]}"} --venv "$VENV" ${EXTRA[@]+"${EXTRA[@]}"}
 fi
 if [ "$NO_INSTALL" = 1 ]; then echo "apply.sh: workdir $WORKDIR, source $SOURCE; --no-install: nothing is installed anywhere" >&2
+elif [ "$WITH_FLASHINFER" = 1 ]; then echo "apply.sh: python $PY (gets the patched sglang and deps/flashinfer.toml's flashinfer set), workdir $WORKDIR, source $SOURCE" >&2
 else echo "apply.sh: python $PY (gets only the patched sglang), workdir $WORKDIR, source $SOURCE" >&2; fi
 tool_python
 "$TOOL_PY" -m sglpatch apply --project "$SGLPATCH_HOME" --workdir "$WORKDIR" --source "$SOURCE" \
   ${PY_ARG[@]+"${PY_ARG[@]}"} ${EXTRA[@]+"${EXTRA[@]}"}
-
-if [ "$WITH_FLASHINFER" = 1 ]; then
-  # P1 (opt-in SM120 allreduce fusion) needs flashinfer >= 0.6.17; docs/p1-flashinfer-sm120.md
-  # says why and what was (statically) checked. Not a drop-in: 0.6.17 refuses to import beside
-  # flashinfer-cubin 0.6.3, and its SM12x JIT needs nvcc >= 12.9 at server run time.
-  UV="$(command -v uv || true)"; [ -z "$UV" ] && [ -x "$HOME/.local/bin/uv" ] && UV="$HOME/.local/bin/uv"
-  pip_install() {  # into $PY with uv when available (the user's habit), else pip
-    if [ -n "$UV" ]; then "$UV" pip install --python "$PY" "$@"; else "$PY" -m pip install "$@"; fi
-  }
-  echo "apply.sh: installing flashinfer-python==0.6.17 for P1 (rollback: flashinfer-python==0.6.3 flashinfer-cubin==0.6.3)" >&2
-  pip_install "flashinfer-python==0.6.17"
-  for pkg in flashinfer-cubin flashinfer-jit-cache; do
-    if "$PY" -m pip show "$pkg" >/dev/null 2>&1 || { [ -n "$UV" ] && "$UV" pip show --python "$PY" "$pkg" >/dev/null 2>&1; }; then
-      echo "apply.sh: removing $pkg (its version must match flashinfer-python; on-demand cubins are used instead)" >&2
-      if [ -n "$UV" ]; then "$UV" pip uninstall --python "$PY" "$pkg"; else "$PY" -m pip uninstall -y "$pkg"; fi
-    fi
-  done
-  "$PY" -c "import flashinfer; print('apply.sh: flashinfer', flashinfer.__version__)" \
-    || echo "apply.sh: warning: flashinfer does not import; roll back with the command above" >&2
-  echo "apply.sh: launch the server with CUDA_HOME pointing at CUDA >= 12.9 and --enable-flashinfer-allreduce-fusion" >&2
-fi

@@ -163,3 +163,46 @@ def test_projection_at_batch_2_reads_verify_rows_batch_times_draft_tokens():
     # decode 122 x (80 - 30) us = 6.1 ms off 12.2 -> 6.1 ms; verify 122 x (200 - 70) us = 15.86 ms off 30 -> 14.14 ms
     assert (a["t_decode_us"], a["t_verify_us"], a["t_verify_how"]) == (30.0, 70.0, "measured")
     assert (a["step_ms"], a["cycle_ms"], a["break_even_accept"]) == (6.1, 14.14, 2.32)
+
+
+def test_pcie_ipc_switch_names_what_serves_it_on_each_line():
+    """The same candidate on 0.5.9 + P5, on 0.5.23 natively, and on an install with neither."""
+    pts = {1: 10.0, 3: 14.0}
+    got = rows("nccl", "A", {1: 60.0, 3: 150.0}) + rows("pcie_ipc", "A", pts) + rows("pcie_ipc", "B", pts) + rows("pcie_ipc", "C", pts)
+    versions = {"A": {"sglang": "0.5.9", "flashinfer-python": "0.7.2", "sglang_pcie_ipc": "P5"},
+                "B": {"sglang": "0.5.23", "flashinfer-python": "0.7.2", "sglang_pcie_ipc": "upstream"},
+                "C": {"sglang": "0.5.9", "flashinfer-python": "0.7.2"}}
+    c = by_name(decision.project(got, CFG, None, versions))
+    assert c[("pcie_ipc", "A")]["switch"] == ("SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=1 on 0.5.9 + P5 (the series' backport; off by "
+                                              "default; flashinfer 0.7.2, from `scripts/apply.sh --with-flashinfer`)")
+    assert c[("pcie_ipc", "B")]["switch"] == ("SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=1 on sglang 0.5.23 natively (flashinfer 0.7.2; "
+                                              "on by [[server.version_env]] there)")
+    assert c[("pcie_ipc", "C")]["switch"] == ("none on this install (sglang 0.5.9): SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=1 needs "
+                                              "0.5.9 + P5 (`scripts/apply.sh --with-flashinfer`) or sglang >= 0.5.22")
+    assert c[("nccl", "A")]["switch"] == decision.SWITCHES["nccl"]  # only pcie_ipc depends on the line
+    md = "\n".join(decision.markdown(decision.project(got, CFG, None, versions), {}, {}))
+    assert "| 1 | **pcie_ipc** | A | 10.0 / 14.0 | 1.22 / 1.71 | 6.10 | 163.9 |" in md and "on 0.5.9 + P5 (the series'" in md
+    # without the workers' versions (an older report): the generic text names both lines
+    assert by_name(decision.project(got, CFG))[("pcie_ipc", "A")]["switch"] == (
+        "SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=1 (0.5.9 + P5 with `scripts/apply.sh --with-flashinfer`, or sglang >= 0.5.22 "
+        "natively: flashinfer >= 0.7.0 either way)")
+
+
+def test_the_worker_reads_the_pcie_ipc_adapter_from_the_files(tmp_path, monkeypatch):
+    from sglpatch.gpu.kbench import hardware
+    from sglpatch.gpu.kernel_launch import install_label
+
+    pkg = tmp_path / "sglang"
+    comm = pkg / "srt" / "distributed" / "device_communicators"
+    comm.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("raise ImportError('not imported')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert hardware.sglang_pcie_ipc() is None
+    (comm / "pcie_ipc_ar.py").write_text("")
+    assert hardware.sglang_pcie_ipc() == "upstream"
+    (comm / "pcie_ipc_allreduce.py").write_text("")
+    assert hardware.sglang_pcie_ipc() == "P5"
+    hw = {"versions": {"sglang": "0.5.9", "sglang_pcie_ipc": "P5"}}
+    assert install_label("A", "/opt/ml-env/bin/python3", hw) == "A: sglang 0.5.9 + P5 (/opt/ml-env)"
+    assert install_label("B", "/opt/v/bin/python3", {"versions": {"sglang": "0.5.23", "sglang_pcie_ipc": "upstream"}}) == \
+        "B: sglang 0.5.23 (/opt/v)"

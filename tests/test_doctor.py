@@ -20,6 +20,7 @@ from conftest import SERIES
 from sglpatch.gpu import doctor_checks as dc
 from sglpatch.gpu import doctor_gpu as dg
 from sglpatch.gpu import profiles, topology
+from sglpatch.gpu import served as served_mod
 from sglpatch.gpu.served import imported_sglang
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -147,6 +148,39 @@ def test_torch_and_kernel_packages(seen, tmp_path):
     assert dc.probe_python(str(tmp_path / "missing"), {})["error"].startswith("cannot run")
 
 
+@pytest.mark.parametrize("version,has,adapter,expect", [
+    ("0.7.2", True, "P5", "ok   flashinfer: flashinfer-python 0.7.2 ({o}); has PcieIpcAllReduceWorkspace: usable by P5 "
+                          "(0.5.9 + the series) with SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=1"),
+    ("0.7.2", True, "upstream", "ok   flashinfer: flashinfer-python 0.7.2 ({o}); has PcieIpcAllReduceWorkspace: usable by "
+                                "sglang's own pcie_ipc_ar.py with SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=1"),
+    ("0.6.18", False, "upstream", "warn flashinfer: flashinfer-python 0.6.18 ({o}); no PcieIpcAllReduceWorkspace: sglang's own "
+                                  "pcie_ipc_ar.py cannot turn PCIe-IPC on (it warns and stays on NCCL); fix: scripts/apply.sh "
+                                  "--with-flashinfer (flashinfer-python >= 0.7.0)"),
+    ("0.6.3", False, "P5", "warn flashinfer: flashinfer-python 0.6.3 ({o}); no PcieIpcAllReduceWorkspace: P5 (0.5.9 + the series) "
+                           "cannot turn PCIe-IPC on (it warns and stays on NCCL); fix: scripts/apply.sh --with-flashinfer "
+                           "(flashinfer-python >= 0.7.0)"),
+    ("0.6.3", False, None, "ok   flashinfer: flashinfer-python 0.6.3 ({o}); no PcieIpcAllReduceWorkspace (P5 needs flashinfer "
+                           ">= 0.7.0: scripts/apply.sh --with-flashinfer)"),
+], ids=["0.7.2-P5", "0.7.2-0.5.23", "0.6.18-0.5.21", "0.6.3-P5", "0.6.3-plain"])
+def test_flashinfer_line_says_whether_pcie_ipc_is_usable(tmp_path, version, has, adapter, expect):
+    """The serving Python's flashinfer version, and whether its comm.pcie_ipc_ar defines the workspace
+    (read from the file, nothing imported), against the adapter the served sglang carries."""
+    d = site(tmp_path / "site", dists={"flashinfer-python": version})
+    (d / "flashinfer" / "comm").mkdir(parents=True)
+    (d / "flashinfer" / "__init__.py").write_text("raise ImportError('never imported by the probe')\n")
+    if has:
+        (d / "flashinfer" / "comm" / "pcie_ipc_ar.py").write_text("class PcieIpcAllReduceWorkspace:\n    pass\n")
+    info = dc.probe_python(sys.executable, base_env({"PYTHONPATH": str(d)}))
+    assert info["flashinfer_pcie_ipc"] is has
+    pkg = tmp_path / "sglang"
+    module = {"P5": served_mod.P5_MODULE, "upstream": served_mod.UPSTREAM_MODULE}.get(adapter)
+    if module:
+        (pkg / module).parent.mkdir(parents=True)
+        (pkg / module).write_text("")
+    fi, _ = dc.check_kernels(info, {"sglang_file": str(pkg / "__init__.py")})
+    assert fi.line() == expect.format(o=d / "flashinfer" / "__init__.py")
+
+
 def test_sglang_line_outside_a_workdir_and_when_it_does_not_import(seen, tmp_path):
     served = imported_sglang(sys.executable, seen["env"], ROOT)
     c = dc.check_sglang(served)
@@ -192,18 +226,32 @@ def test_driver_against_the_cuda_of_that_torch(seen, tmp_path):
 
 
 def test_nvcc_on_the_cuda_home_the_interpreter_sees(seen, tmp_path):
+    """flashinfer's JIT: nvcc >= 12.8 for P5 on any GPU, >= 12.9 for P1 on SM12x; 12.10 is above 12.8."""
     from sglpatch import preflight
 
     rows, exe = preflight.gpus(fake_smi(tmp_path / "sm120", cap="12.0"))
-    c = dc.check_nvcc(seen["info"], rows, exe)
-    assert c.state == "warn" and c.text.startswith("P1 on SM12x needs nvcc >= 12.9 at run time; ")
-    assert f"{seen['tmp'] / 'cuda-12.8' / 'bin' / 'nvcc'} (CUDA_HOME) is 12.8" in c.text
-    assert c.fix == "set CUDA_HOME to CUDA >= 12.9"
-    good = dict(seen["info"], env={**seen["info"]["env"], "CUDA_HOME": str(nvcc(tmp_path / "cuda-12.9", "12.9"))})
-    assert dc.check_nvcc(good, rows, exe).line().endswith("is 12.9 >= 12.9 for P1 on SM120 (CUDA_HOME / PATH as the "
-                                                          "serving interpreter sees them)")
-    rows, exe = preflight.gpus(fake_smi(tmp_path / "h200", cap="9.0"))
-    assert dc.check_nvcc(seen["info"], rows, exe).state == "skip"
+    seen_nvcc = seen["tmp"] / "cuda-12.8" / "bin" / "nvcc"
+    tail = " (CUDA_HOME / PATH as the serving interpreter sees them)"
+    assert dc.check_nvcc(seen["info"], rows, exe).line() == (
+        f"ok   nvcc: {seen_nvcc} (CUDA_HOME) is 12.8 >= 12.8 for flashinfer's JIT (P5); P1's fusion on SM120 needs >= 12.9: "
+        "leave --enable-flashinfer-allreduce-fusion off" + tail)
+
+    def with_home(home):
+        return dict(seen["info"], env={**seen["info"]["env"], "CUDA_HOME": str(home), "PATH": str(tmp_path / "nopath")})
+
+    old = with_home(nvcc(tmp_path / "cuda-12.7", "12.7"))
+    assert dc.check_nvcc(old, rows, exe).line() == (
+        f"warn nvcc: flashinfer's JIT (P5's PCIe-IPC allreduce, P1's fusion) needs nvcc >= 12.8; {tmp_path}/cuda-12.7/bin/nvcc "
+        "(CUDA_HOME) is 12.7; fix: set CUDA_HOME to a CUDA >= 12.8 toolkit")
+    ten = with_home(nvcc(tmp_path / "cuda-12.10", "12.10"))
+    assert dc.check_nvcc(ten, rows, exe).line() == (
+        f"ok   nvcc: {tmp_path}/cuda-12.10/bin/nvcc (CUDA_HOME) is 12.10 >= 12.8 for flashinfer's JIT (P5) and P1 on SM120" + tail)
+    (tmp_path / "empty").mkdir()
+    assert dc.check_nvcc(with_home(tmp_path / "empty"), rows, exe).line() == (
+        "warn nvcc: flashinfer's JIT (P5's PCIe-IPC allreduce, P1's fusion) needs nvcc >= 12.8; none on CUDA_HOME or PATH; "
+        "fix: set CUDA_HOME to a CUDA >= 12.8 toolkit")
+    rows, exe = preflight.gpus(fake_smi(tmp_path / "h200", cap="9.0"))  # no SM12x: P5's rule only
+    assert dc.check_nvcc(seen["info"], rows, exe).line() == f"ok   nvcc: {seen_nvcc} (CUDA_HOME) is 12.8 >= 12.8 for flashinfer's JIT (P5)" + tail
 
 
 @pytest.fixture

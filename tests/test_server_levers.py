@@ -77,3 +77,65 @@ def test_a_tier_whose_modes_cannot_run_here_says_why_and_loads_nothing(tmp_path)
     assert "No module named 'deep_ep'" in s["skipped_modes"][0]["why"]
     assert s["skipped_modes"][1]["why"].startswith("needs sglang >= 0.5.21")
     assert not list((tmp_path / "r").glob("server-*.log"))  # nothing was launched
+
+
+def test_pcie_ipc_modes_for_both_lines_and_whose_pcie_ipc_serves(tmp_path):
+    """no_spec_nccl / no_spec_pcie_ipc (and the eagle3 pair) run on 0.5.9 + P5 and on 0.5.23; a
+    *_pcie_ipc mode needs a PCIe-IPC adapter in the served sglang (P5, or >= 0.5.22) and says so."""
+    from sglpatch.gpu import served as served_mod
+
+    modes = {m["name"]: m for m in target()["server"]["modes"]}
+    for line in ("no_spec", "eagle3"):
+        nccl, ipc = modes[f"{line}_nccl"], modes[f"{line}_pcie_ipc"]
+        assert nccl["env"]["SGLANG_ENABLE_PCIE_IPC_ALLREDUCE"] == "0" and nccl["env"]["SGLANG_ENABLE_PCIE_CUSTOM_AR"] == "0"
+        assert ipc["env"]["SGLANG_ENABLE_PCIE_IPC_ALLREDUCE"] == "1" and ipc["env"]["SGLANG_ENABLE_PCIE_CUSTOM_AR"] == "0"
+        assert ipc["requires_pcie_ipc"] is True and "min_sglang" not in ipc and "min_sglang" not in nccl
+        assert nccl["args"] == ipc["args"] == modes[line]["args"]
+    assert target()["kernel"]["decision"]["confirm"]["pcie_ipc"].endswith(
+        "--modes no_spec_nccl,no_spec_pcie_ipc,eagle3_nccl,eagle3_pcie_ipc")
+
+    def sglang(version, module):
+        pkg = tmp_path / version / "sglang"
+        if module:
+            (pkg / module).parent.mkdir(parents=True)
+            (pkg / module).write_text("")
+        return {"sglang_file": str(pkg / "__init__.py"), "sglang_version": version}
+
+    py, mode = sys.executable, {"requires_pcie_ipc": True}
+    p5, up23, up21, plain = (sglang("0.5.9", served_mod.P5_MODULE), sglang("0.5.23", served_mod.UPSTREAM_MODULE),
+                             sglang("0.5.21", served_mod.UPSTREAM_MODULE), sglang("0.5.9b", None))
+    assert [served_mod.pcie_ipc_server(s) for s in (p5, up23, up21, plain)] == ["P5", "upstream", "upstream", None]
+    assert mode_requires.unmet(mode, py, {}, "0.5.9", p5) is None
+    assert mode_requires.unmet(mode, py, {}, "0.5.23", up23) is None
+    assert mode_requires.unmet(mode, py, {}, "0.5.22", up23) is None  # the first native release (flashinfer 0.7.1)
+    need = "needs a PCIe-IPC allreduce: sglang 0.5.9 + P5 (`scripts/apply.sh --with-flashinfer`) or sglang >= 0.5.22; "
+    assert mode_requires.unmet(mode, py, {}, "0.5.21", up21) == f"{need}{py} serves sglang 0.5.21 whose pinned flashinfer has no PCIe-IPC module"
+    assert mode_requires.unmet(mode, py, {}, "0.5.9", plain) == f"{need}{py} serves sglang 0.5.9 without one"
+    assert mode_requires.split([{"name": "x", **mode}], py, {}, "0.5.9", plain)[1] == [{"mode": "x", "why": f"{need}{py} serves sglang 0.5.9 without one"}]
+
+
+def test_p5s_own_lines_are_the_allreduce_evidence(tmp_path):
+    """P5 prints 0.5.23's start-up line; on an install that carries P5 its PCIe-IPC is named P5's."""
+    from sglpatch.gpu.allreduce_evidence import IPC_NAME, NCCL_NAME, P5_IPC_NAME, allreduce_backend, describe
+    from sglpatch.gpu.server_ab import install_label
+
+    on = ("[2026-12-03 TP0] PCIe-IPC allreduce on 8 GPUs for bf16 reductions up to 21504 elements (3 rows of 7168, "
+          "captured batch 1 x 3 tokens); larger ones stay on the next backend.")
+    startup = "[2026-12-03 TP0] Decode/verify allreduce: PCIe-IPC (world_size=8)."
+    off = ("[2026-12-03 TP0] PCIe-IPC allreduce is off on all 8 ranks because rank 3: the workspace failed: oom. Reductions "
+           "stay on custom allreduce/NCCL; unset SGLANG_ENABLE_PCIE_IPC_ALLREDUCE to silence this warning.")
+    nccl = "[2026-12-03 TP0] Decode/verify allreduce: NCCL (world_size=8)."
+    log = tmp_path / "server.log"
+    env = {"SGLANG_ENABLE_PCIE_IPC_ALLREDUCE": "1", "SGLANG_ENABLE_PCIE_CUSTOM_AR": "0"}
+    log.write_text(f"{on}\n{startup}\n")
+    ev = allreduce_backend(log, env, [], "P5")
+    assert (ev["backend"], ev["evidence"]) == (P5_IPC_NAME, startup) and describe(ev) == "PCIe-IPC (P5, the 0.5.9 backport)"
+    assert ev["selected_by"] == env
+    assert allreduce_backend(log, env, [], "upstream")["backend"] == IPC_NAME  # 0.5.23's own
+    log.write_text(f"{off}\n{nccl}\n")
+    assert allreduce_backend(log, env, [], "P5")["backend"] == NCCL_NAME
+    log.write_text(f"{on}\n")  # no start-up line (an older P5, a cut log): its enable line
+    assert (allreduce_backend(log, env, [], "P5")["backend"], allreduce_backend(log, env, [], "P5")["evidence"]) == (P5_IPC_NAME, on)
+    log.write_text(f"{on}\n{off}\n")  # its give-up overrules the enable line
+    assert (allreduce_backend(log, env, [], "P5")["backend"], allreduce_backend(log, env, [], "P5")["evidence"]) == (NCCL_NAME, off)
+    assert install_label("/opt/ml-env/bin/python3", "0.5.9", True) == "0.5.9 + P5 (/opt/ml-env)"

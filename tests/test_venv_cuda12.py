@@ -81,7 +81,9 @@ def cuda_env(env, project_copy):  # noqa: F811
     web = env["tmp"] / "web"
     # PyTorch 2.14 ships no cu128 (dropped in 2.12): cu128 has 2.11.0 only, cu126 has 2.14.1
     wheel(web / "pytorch" / "cu128" / "torch", "torch", "2.11.0+cu128", PLAT)
-    wheel(web / "pytorch" / "cu129" / "torch", "torch", "2.14.1+cu129", PLAT)  # newer than --cuda 12.8: never taken
+    # 2.13.0 (sglang 0.5.18-0.5.21's pin): cu129 and cu126, no cu128; 2.14.1 has no cu129 (pytorch#187834)
+    wheel(web / "pytorch" / "cu129" / "torch", "torch", "2.13.0+cu129", PLAT)
+    wheel(web / "pytorch" / "cu126" / "torch", "torch", "2.13.0+cu126", PLAT)
     wheel(web / "pytorch" / "cu126" / "torch", "torch", "2.14.1+cu126", PLAT, ["nvidia-cuda-runtime-cu12==12.6.77"])
     wheel(web / "pytorch" / "cu126" / "torchvision", "torchvision", "0.29.1+cu126", PLAT, ["torch==2.14.1"])
     (web / "sglang" / "cu128" / "sgl-kernel").mkdir(parents=True)
@@ -147,6 +149,22 @@ def test_cuda12_plan_shows_each_build_and_index_and_passes_where_all_exist(cuda_
     assert out.rstrip().endswith("preflight: verdict: pass") and not fails(proc)
 
 
+def test_a_cu129_build_above_cuda_12_8_is_taken_over_cu126(cuda_env):
+    """torch 2.13.0 (0.5.18-0.5.21's pin) has cu129 and cu126 builds, no cu128: on a 570 driver
+    (--cuda 12.8) the cu129 one runs by CUDA 12 minor-version compatibility and has SM120 kernels;
+    a rule of "highest tag <= --cuda" took cu126 and refused the SM120 box."""
+    tool(cuda_env["fake"], "nvidia-smi", "570.133.20, 12.0")
+    proc = apply_dry_run(cuda_env, ["torch==2.13.0"], "--cuda", "12.8")
+    out = proc.stdout
+    assert proc.returncode == 0, out + proc.stderr
+    index = f"{cuda_env['url']}/pytorch/cu129"
+    assert (f"plan: CUDA 12.8 builds (--cuda): torch +cu129 from {index} (above --cuda 12.8: CUDA 12 minor-version "
+            "compatibility)\n") in out
+    assert "  torch==2.13.0+cu129 " in out and "2.13.0+cu126" not in out
+    assert "preflight: ok gpu-arch: torch 2.13.0+cu129 has kernels for every GPU here (up to SM120)" in out
+    assert "preflight: ok driver: driver 570.133.20 >= 525.60.13 for CUDA 12 (from torch 2.13.0+cu129)" in out
+
+
 def test_cuda12_refusal_names_both_ways_out_for_the_real_pins(cuda_env):
     """0.5.23's CUDA-specific pins on the user's box (SM120, driver 570): torch's only CUDA 12 build
     is cu126 (no SM120 kernels), sglang-kernel 0.4.10 has none, cuda-python>=13.0 has none."""
@@ -156,13 +174,13 @@ def test_cuda12_refusal_names_both_ways_out_for_the_real_pins(cuda_env):
     u = cuda_env["url"]
     way = "a driver >= 580 runs the release as pinned (drop --cuda)"
     assert fails(proc) == [
-        f"preflight: FAIL cuda12: sglang-kernel 0.4.10 has no CUDA 12 build (none on {u}/sglang/cu128, {u}/sglang/cu126; "
+        f"preflight: FAIL cuda12: sglang-kernel 0.4.10 has no CUDA 12 build (none on {u}/sglang/cu129, {u}/sglang/cu128, {u}/sglang/cu126; "
         f"the default index's is the release's CUDA 13 one): {way}, or sglang 0.5.19 is the last release with a CUDA 12 lane "
         "(sgl-project/sglang#38404)",
         "preflight: FAIL cuda12: cuda-python>=13.0 has no CUDA 12 build (cuda-python 12.x are the CUDA 12 bindings; 13.x need a driver "
         f">= 580.65 (cuda-python install docs)): {way}",
-        f"preflight: FAIL gpu-arch: torch 2.14.1+cu126 has no kernels for SM120 (its cu126 builds stop at SM90): {way}, or torch 2.11.0 "
-        "is the last with a cu128 (SM120) build: sglang 0.5.11-0.5.17 pin it",
+        f"preflight: FAIL gpu-arch: torch 2.14.1+cu126 has no kernels for SM120 (its cu126 builds stop at SM90): {way}, or torch 2.13.0 "
+        "is the last with a CUDA 12 SM120 build (cu129): sglang 0.5.18-0.5.21 pin it (0.5.11-0.5.17: 2.11.0, cu128)",
     ]
     assert "plan: CUDA 12.8 builds (--cuda): torch +cu126" in proc.stdout and "sglang-kernel: none; cuda-python: none" in proc.stdout
     kernel = next(ln for ln in proc.stdout.splitlines() if ln.startswith("  sglang-kernel==0.4.10 "))

@@ -190,32 +190,52 @@ def test_free_disk_on_a_small_filesystem(env, project_copy):
     assert line.endswith("; free space or pick another --venv directory")
 
 
+def with_flashinfer_toml(project: Path) -> None:
+    (project / "deps").mkdir(exist_ok=True)
+    (project / "deps" / "flashinfer.toml").write_text((ROOT / "deps" / "flashinfer.toml").read_text())
+
+
 @needs_uv
 @pytest.mark.parametrize(
     "cap,nvcc,expect",
     [
-        ("12.0", "12.8", "FAIL"),
-        ("12.0", "12.9", "ok"),
-        ("9.0", "12.8", "skip"),  # not SM12x: P1 there does not need the SM12x JIT
+        ("12.0", "12.7", "FAIL"),  # below P5's JIT floor
+        ("12.0", "12.8", "ok-no-p1"),  # P5's JIT builds; P1's SM12x fusion needs 12.9
+        ("12.0", "12.10", "ok"),  # 12.10 > 12.9 > 12.8 (not a string comparison)
+        ("9.0", "12.8", "ok-h200"),  # not SM12x: P5's rule only
+        ("9.0", None, "FAIL-none"),  # no nvcc anywhere: P5's JIT cannot build on any GPU
     ],
 )
-def test_nvcc_for_p1_on_sm12x(env, project_copy, cap, nvcc, expect):
+def test_nvcc_for_the_flashinfer_jit(env, project_copy, cap, nvcc, expect):
+    with_flashinfer_toml(project_copy)
     wheel(env["index"], "sglpatch-fake-dep", "1.0")
-    wheel(env["index"], "flashinfer-python", "0.6.17")
+    wheel(env["index"], "flashinfer-python", "0.7.2")
+    wheel(env["index"], "nvidia-cutlass-dsl", "4.6.2")
     tool(env["fake"], "nvidia-smi", f"580.65.06, {cap}")
     cuda = env["tmp"] / f"cuda-{nvcc}"
-    tool(cuda / "bin", "nvcc", f"nvcc: NVIDIA (R) Cuda compiler driver\nCuda compilation tools, release {nvcc}, V{nvcc}.41\n")
+    cuda.mkdir()
+    if nvcc:
+        tool(cuda / "bin", "nvcc", f"nvcc: NVIDIA (R) Cuda compiler driver\nCuda compilation tools, release {nvcc}, V{nvcc}.41\n")
     env["extra_env"] = {"CUDA_HOME": str(cuda)}
+    if nvcc is None:  # this box's own nvcc (if any) off PATH too
+        env["extra_env"]["PATH"] = f"{env['fake']}:{os.path.dirname(sys.executable)}:/usr/bin:/bin"
     proc = dry_run(env, project_copy, ["sglpatch-fake-dep", "flashinfer_python==0.6.3", "flashinfer_cubin==0.6.3"], "--with-flashinfer")
-    assert "plan: override: flashinfer-python 0.6.3 -> 0.6.17 (P1 on SM120)" in proc.stdout, proc.stdout + proc.stderr
-    assert "flashinfer-cubin==0.6.3 dropped" in proc.stdout and "flashinfer-python==0.6.17" in proc.stdout
+    assert "plan: override: flashinfer-python ==0.6.3 -> ==0.7.2 (deps/flashinfer.toml)" in proc.stdout, proc.stdout + proc.stderr
+    assert "plan: override: flashinfer-cubin==0.6.3 dropped (its version must match" in proc.stdout
+    assert "plan: override: nvidia-cutlass-dsl>=4.6.2 added (deps/flashinfer.toml)" in proc.stdout
+    assert "  flashinfer-python==0.7.2 " in proc.stdout and "  nvidia-cutlass-dsl==4.6.2 " in proc.stdout
     line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("preflight: ") and " nvcc: " in ln)
-    assert line.startswith(f"preflight: {expect} nvcc: "), line
-    if expect == "FAIL":
-        assert line == (
-            f"preflight: FAIL nvcc: P1 on SM12x needs nvcc >= 12.9 at run time; {cuda}/bin/nvcc (CUDA_HOME) is 12.8: "
-            "set CUDA_HOME to CUDA >= 12.9"
-        )
+    jit = "flashinfer's JIT (P5's PCIe-IPC allreduce, P1's fusion) needs nvcc >= 12.8"
+    want = {
+        "FAIL": f"preflight: FAIL nvcc: {jit}; {cuda}/bin/nvcc (CUDA_HOME) is 12.7: set CUDA_HOME to a CUDA >= 12.8 toolkit",
+        "ok-no-p1": f"preflight: ok nvcc: {cuda}/bin/nvcc (CUDA_HOME) is 12.8 >= 12.8 for flashinfer's JIT (P5); P1's fusion on "
+                    "SM120 needs >= 12.9: leave --enable-flashinfer-allreduce-fusion off",
+        "ok": f"preflight: ok nvcc: {cuda}/bin/nvcc (CUDA_HOME) is 12.10 >= 12.8 for flashinfer's JIT (P5) and P1 on SM120",
+        "ok-h200": f"preflight: ok nvcc: {cuda}/bin/nvcc (CUDA_HOME) is 12.8 >= 12.8 for flashinfer's JIT (P5)",
+        "FAIL-none": f"preflight: FAIL nvcc: {jit}; none on CUDA_HOME or PATH: set CUDA_HOME to a CUDA >= 12.8 toolkit",
+    }[expect]
+    assert line == want
+    if expect.startswith("FAIL"):
         assert proc.returncode == 1 and fails(proc) == [line]
     else:
         assert proc.returncode == 0 and not fails(proc)
@@ -226,8 +246,11 @@ def test_several_failures_one_line_each_and_an_existing_venv_is_refused(env, pro
     wheel(env["index"], "nvidia-cuda-runtime", "13.0.96")
     tool(env["fake"], "nvidia-smi", "550.54.15, 12.0")
     cuda = env["tmp"] / "cuda"
-    tool(cuda / "bin", "nvcc", "Cuda compilation tools, release 12.8, V12.8.93")
+    tool(cuda / "bin", "nvcc", "Cuda compilation tools, release 12.6, V12.6.85")
     env["extra_env"] = {"CUDA_HOME": str(cuda)}
+    with_flashinfer_toml(project_copy)
+    wheel(env["index"], "flashinfer-python", "0.7.2")
+    wheel(env["index"], "nvidia-cutlass-dsl", "4.6.2")
     proc = dry_run(env, project_copy, ["nvidia-cuda-runtime==13.0.96"], "--with-flashinfer")
     assert [ln.split(":")[1] for ln in fails(proc)] == [" FAIL driver", " FAIL nvcc"], proc.stdout
     assert proc.returncode == 1

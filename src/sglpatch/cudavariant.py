@@ -4,7 +4,8 @@ CUDA 12 builds, for a host whose driver is below CUDA 13's floor (580).
 The project's ``deps/cuda12.toml`` says how each package names its CUDA builds and where they
 are: a local version tag on an index of its own (``torch==2.14.1+cu126`` from
 ``https://download.pytorch.org/whl/cu126``; those indexes are read for the pinned version's
-builds, highest CUDA 12.x <= N first), an extra (``flashinfer-python[cu13]`` ->
+builds, highest CUDA 12.x first: minor-version compatibility runs any of them on a CUDA 12
+driver), an extra (``flashinfer-python[cu13]`` ->
 ``[cu12]``), a ``-cu13`` package name (-> ``-cu12``), or a version major that is the CUDA major
 (``cuda-python>=13.0``: none). The resolver then gets the rewritten requirements and those
 indexes. What has no CUDA 12 build is a ``Missing``: the preflight refuses with one line per
@@ -114,11 +115,15 @@ class Selection:
 
 
 def _tags(entry: Local, cuda: tuple[int, int]) -> list[str]:
-    return sorted((t for t in entry.tags if int(t[4:]) <= cuda[1]), key=lambda t: -int(t[4:]))
+    """Every CUDA 12 tag, highest first. NVIDIA's minor-version compatibility runs a CUDA 12.x build
+    on any CUDA 12 driver (>= 525.60.13), so a tag above --cuda is no reason to pass a build over:
+    torch 2.12.1 and 2.13.0 have a cu129 build (SM120 kernels) and no cu128 one, and their cu126
+    build has no SM120 kernels."""
+    return sorted(entry.tags, key=lambda t: -int(t[4:]))
 
 
 def _find(name: str, pin: str, entry: Local, cuda: tuple[int, int]) -> tuple[str, str] | None:
-    """(tag, index) of the highest CUDA 12.x <= cuda build of name==pin on entry's indexes."""
+    """(tag, index) of the highest CUDA 12.x build of name==pin on entry's indexes."""
     for tag in _tags(entry, cuda):
         index = entry.index.replace("{tag}", tag)
         if any(a.version == f"{pin}+{tag}" and a.kind == "wheel" for a in pkgindex.files_at(index, name)):
@@ -153,7 +158,7 @@ def select(project: Path, reqs: list[str], cuda: tuple[int, int]) -> Selection:
             else:
                 found = _find(name, pin.group(1), entry, cuda)
             if found is None:
-                looked = ", ".join(entry.index.replace("{tag}", t) for t in _tags(entry, cuda)) or "no tag <= " + f"cu12{cuda[1]}"
+                looked = ", ".join(entry.index.replace("{tag}", t) for t in _tags(entry, cuda))
                 missing.append(Missing(name, f"{name} {pin.group(1)} has no CUDA 12 build (none on {looked}; the default index's is the release's CUDA 13 one)",
                                        entry.alternative))
                 out.append(req)
@@ -161,7 +166,8 @@ def select(project: Path, reqs: list[str], cuda: tuple[int, int]) -> Selection:
             tag, index = found
             tags[name] = tag
             out.append(f"{m.group(1)}{extras}=={pin.group(1)}+{tag}{marker}")
-            chosen[name] = f"+{tag} from {index}"
+            chosen[name] = f"+{tag} from {index}" + (
+                f" (above --cuda {cuda[0]}.{cuda[1]}: CUDA 12 minor-version compatibility)" if int(tag[4:]) > cuda[1] else "")
             if index not in indexes:
                 indexes.append(index)
         elif entry and entry.follows and entry.follows in tags:

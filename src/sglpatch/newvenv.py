@@ -23,14 +23,13 @@ from email.parser import Parser
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
-from sglpatch import artifacts, cudavariant, preflight, toml
+from sglpatch import artifacts, cudavariant, fiset, preflight, toml
 from sglpatch.errors import SglpatchError, say
 from sglpatch.fsutil import crashpoint, private_tmpdir
 from sglpatch.install import find_uv
 from sglpatch.lock import read_lock
 
 
-P1_FLASHINFER = "0.6.17"  # first flashinfer with the SM12x allreduce fusion (docs/p1-flashinfer-sm120.md)
 _REQ = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*(\[[^\]]*\])?\s*(.*?)\s*(;.*)?$")
 
 
@@ -64,26 +63,6 @@ def release_metadata(artifact: Path) -> tuple[str, str, list[str]]:
     msg = Parser().parsestr(text)
     reqs = [r.strip() for r in msg.get_all("Requires-Dist") or [] if "extra ==" not in r.replace("extra==", "extra ==")]
     return msg.get("Name", ""), msg.get("Version", ""), reqs
-
-
-def with_p1(reqs: list[str]) -> tuple[list[str], list[str]]:
-    """--with-flashinfer: raise a flashinfer pin below P1's floor and drop the matching cubin pin."""
-    out, notes = [], []
-    for req in reqs:
-        m = _REQ.match(req)
-        name, pin = norm(m.group(1)) if m else "", pinned_version(req)
-        if name == "flashinfer-python" and pin and _ver(pin) < _ver(P1_FLASHINFER):
-            out.append(f"flashinfer-python{m.group(2) or ''}=={P1_FLASHINFER}")
-            notes.append(f"flashinfer-python {pin} -> {P1_FLASHINFER} (P1 on SM120)")
-        elif name in ("flashinfer-cubin", "flashinfer-jit-cache") and pin and _ver(pin) < _ver(P1_FLASHINFER):
-            notes.append(f"{name}=={pin} dropped (its version must match flashinfer-python; cubins download on demand)")
-        else:
-            out.append(req)
-    return out, notes
-
-
-def _ver(text: str) -> tuple[int, ...]:
-    return tuple(int(x) for x in re.findall(r"\d+", text.split("+")[0])[:4])
 
 
 @dataclass
@@ -217,6 +196,7 @@ class Prepared:
     checks: list[preflight.Check]
     tmp: tempfile.TemporaryDirectory
     cuda: cudavariant.Selection | None = None
+    flashinfer: fiset.FlashinferSet | None = None  # --with-flashinfer: the set, for pip check after the build
 
     @property
     def refused(self) -> list[preflight.Check]:
@@ -241,8 +221,9 @@ def prepare(project: Path, venv_dir: Path, python: str, installer: str, p1: bool
     if norm(name) != norm(lock.name) or version != lock.version:
         raise SglpatchError(f"{artifact.name} is {name} {version}, but upstream.lock pins {lock.name} {lock.version}")
     notes: list[str] = []
-    if p1:
-        reqs, notes = with_p1(reqs)
+    fs = fiset.read(project) if p1 else None
+    if fs:  # --with-flashinfer: deps/flashinfer.toml's set in place of the release's flashinfer pins
+        reqs, notes = fiset.rewrite(reqs, fs)
     sel = None
     if cuda:
         say(f"--cuda {cuda}: looking up the CUDA 12 builds of the release's CUDA-specific requirements ({cudavariant.TABLE})")
@@ -250,9 +231,10 @@ def prepare(project: Path, venv_dir: Path, python: str, installer: str, p1: bool
         reqs = sel.reqs
     say(f"{lock.name} {version}: {len(reqs)} requirements from {artifact.name}; resolving them for {python}")
     tmp = private_tmpdir("venv")
-    plan, error = resolve(reqs, python, installer, Path(tmp.name), sel.indexes if sel else [])
+    indexes = (sel.indexes if sel else []) + ([fs.index] if fs and fs.index else [])
+    plan, error = resolve(reqs, python, installer, Path(tmp.name), indexes)
     checks = preflight.run(plan, venv_dir, p1, error, sel)
-    prep = Prepared(venv_dir, plan, notes, checks, tmp, sel)
+    prep = Prepared(venv_dir, plan, notes, checks, tmp, sel, fs)
     report(prep, full=dry_run)
     return prep
 

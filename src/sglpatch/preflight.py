@@ -26,7 +26,8 @@ DRIVER_FLOOR = {12: (525, 60, 13), 13: (580,)}
 # the CUDA 12 release each driver branch shipped with (CUDA Toolkit release notes, GA drivers)
 DRIVER_CUDA12 = [((575, 51, 3), 9), ((570, 26), 8), ((560, 28, 3), 6), ((555, 42, 2), 5), ((550, 54, 14), 4),
                  ((545, 23, 6), 3), ((535, 54, 3), 2), ((530, 30, 2), 1), ((525, 60, 13), 0)]
-NVCC_FOR_P1 = (12, 9)  # flashinfer's SM12x JIT (P1 on SM120) needs nvcc >= 12.9 at run time
+NVCC_FOR_JIT = (12, 8)  # flashinfer 0.7.x's PCIe-IPC JIT (P5) keeps an nvcc 12.8 path (compilation_context.py)
+NVCC_FOR_P1 = (12, 9)  # flashinfer's SM12x fusion JIT (P1 on SM120) needs nvcc >= 12.9 at run time
 DISK_FACTOR = 3  # wheels unpacked (~2x) plus the installer's cached copy
 DISK_FLOOR_GIB = 25  # when the resolver gives no sizes (pip's report has none)
 BINARY = re.compile(r"^(torch|torchaudio|torchvision|triton|sgl-kernel|sglang-kernel|flashinfer-.*|nvidia-.*|cuda-.*|xgrammar)$")
@@ -175,30 +176,39 @@ def find_nvcc(env: dict | None = None) -> tuple[str | None, str]:
 
 def check_nvcc(p1: bool) -> Check:
     if not p1:
-        return Check("nvcc", None, "not needed (P1 not requested; --with-flashinfer asks for it)")
+        return Check("nvcc", None, "not needed (no --with-flashinfer: flashinfer's JIT for P1 / P5 not asked for)")
     return nvcc_verdict(*gpus())
 
 
-def nvcc_verdict(rows: list[tuple[str, str]], exe: str, env: dict | None = None) -> Check:
-    """The nvcc rule for P1's JIT on the SM12x GPUs of ``rows`` (gpus()), nvcc found in ``env``."""
-    sm12 = [cap for _, cap in rows if _vtuple(cap)[:1] == (12,)]
-    if not sm12:
-        return Check("nvcc", None, f"not needed here (no SM12x GPU: {exe or 'nvidia-smi not found'})")
-    nvcc, where = find_nvcc(env)
-    if not nvcc:
-        return Check("nvcc", False, "P1 on SM12x needs nvcc >= 12.9 at run time; none on CUDA_HOME or PATH: set CUDA_HOME to CUDA >= 12.9")
+def nvcc_version(nvcc: str) -> tuple[int, int] | None:
+    """(major, minor) from `nvcc --version` ("release 12.10" is (12, 10), above (12, 8))."""
     try:
         out = subprocess.run([nvcc, "--version"], capture_output=True, text=True, timeout=60).stdout
     except (OSError, subprocess.TimeoutExpired) as e:
         out = str(e)
     m = re.search(r"release (\d+)\.(\d+)", out)
-    have = (int(m.group(1)), int(m.group(2))) if m else None
-    if have is None or have < NVCC_FOR_P1:
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+def nvcc_verdict(rows: list[tuple[str, str]], exe: str, env: dict | None = None) -> Check:
+    """The nvcc rule for flashinfer's JIT: >= 12.8 for P5's PCIe-IPC module on any GPU, >= 12.9 for
+    P1's fusion on the SM12x GPUs of ``rows`` (gpus()); nvcc as found in ``env``."""
+    sm12 = [cap for _, cap in rows if _vtuple(cap)[:1] == (12,)]
+    nvcc, where = find_nvcc(env)
+    fix = f"set CUDA_HOME to a CUDA >= {_vstr(NVCC_FOR_JIT)} toolkit"
+    if not nvcc:
+        return Check("nvcc", False, f"flashinfer's JIT (P5's PCIe-IPC allreduce, P1's fusion) needs nvcc >= {_vstr(NVCC_FOR_JIT)}; "
+                     f"none on CUDA_HOME or PATH: {fix}")
+    have = nvcc_version(nvcc)
+    if have is None or have < NVCC_FOR_JIT:
         found = _vstr(have) if have else "an unreadable version"
-        return Check(
-            "nvcc", False, f"P1 on SM12x needs nvcc >= 12.9 at run time; {nvcc} ({where}) is {found}: set CUDA_HOME to CUDA >= 12.9"
-        )
-    return Check("nvcc", True, f"{nvcc} ({where}) is {_vstr(have)} >= 12.9 for P1 on SM{sm12[0].replace('.', '')}")
+        return Check("nvcc", False, f"flashinfer's JIT (P5's PCIe-IPC allreduce, P1's fusion) needs nvcc >= {_vstr(NVCC_FOR_JIT)}; "
+                     f"{nvcc} ({where}) is {found}: {fix}")
+    text = f"{nvcc} ({where}) is {_vstr(have)} >= {_vstr(NVCC_FOR_JIT)} for flashinfer's JIT (P5)"
+    if sm12 and have < NVCC_FOR_P1:
+        return Check("nvcc", True, text + f"; P1's fusion on SM{sm12[0].replace('.', '')} needs >= {_vstr(NVCC_FOR_P1)}: "
+                     "leave --enable-flashinfer-allreduce-fusion off")
+    return Check("nvcc", True, text + (f" and P1 on SM{sm12[0].replace('.', '')}" if sm12 else ""))
 
 
 def check_cuda12(selection) -> list[Check]:

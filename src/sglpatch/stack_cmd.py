@@ -7,16 +7,20 @@ from __future__ import annotations
 
 import sys
 
-from sglpatch import cliargs, exitcodes, install, newvenv, stack, upstream
+from sglpatch import cliargs, exitcodes, fiset, install, newvenv, stack, upstream
 from sglpatch.errors import SglpatchError
 from sglpatch.lock import read_lock
 
 
 def _cmd_apply(args) -> int:
-    if (args.dry_run or args.release_artifact or args.cuda) and not args.venv:
-        raise SglpatchError("--dry-run, --release-artifact and --cuda go with --venv DIR", exitcodes.USAGE)
+    if (args.release_artifact or args.cuda) and not args.venv:
+        raise SglpatchError("--release-artifact and --cuda go with --venv DIR", exitcodes.USAGE)
+    if args.dry_run and not (args.venv or args.with_flashinfer):
+        raise SglpatchError("--dry-run goes with --venv DIR or --with-flashinfer", exitcodes.USAGE)
     if args.venv and args.no_install:
         raise SglpatchError("--venv DIR installs into a new venv; --no-install contradicts it", exitcodes.USAGE)
+    if args.with_flashinfer and args.no_install:
+        raise SglpatchError("--with-flashinfer installs flashinfer into the Python; --no-install contradicts it", exitcodes.USAGE)
     install.check_target(args.python, installs=not (args.venv or args.no_install))  # before any work
     try:
         project, workdir = cliargs.project(args), cliargs.workdir(args)
@@ -32,6 +36,12 @@ def _cmd_apply(args) -> int:
                 raise SglpatchError(f"preflight refused: {len(prep.refused)} condition(s) failed (the FAIL lines above); nothing was created")
             if args.dry_run:
                 return 0
+        elif args.with_flashinfer:  # into --python: the set is read (and checked) before any work
+            fs = fiset.read(project)
+            if args.dry_run:
+                print("dry run: the tree is not built and nothing is installed")
+                print("\n".join(fiset.install_into(args.python or sys.executable, fs, args.installer, dry_run=True)))
+                return 0
         if args.upstream_url:
             upstream.validate_url(args.upstream_url)
         source = args.source
@@ -44,16 +54,22 @@ def _cmd_apply(args) -> int:
             project, workdir, source=source, force=args.force, python=args.python, url=args.upstream_url, sdist_fallback=args.source == "auto"
         )
         print(result.message)
+        if args.with_flashinfer:  # before anything is installed: the tree's own pins must admit the set
+            _tree_agrees(workdir, prep.flashinfer if prep else fs)
         if prep:
             newvenv.create(prep, args.python or sys.executable)
             print(install.install(workdir, python=str(prep.python), installer=prep.plan.installer, version=read_lock(project).version,
                                   lock=read_lock(project)))
+            if prep.flashinfer:
+                print(fiset.verdict(str(prep.python), prep.flashinfer, prep.plan.installer))
             newvenv.mark_complete(prep)
             _venv_summary(prep, args)
         elif not args.no_install:
             print(install.install(workdir, python=args.python, installer=args.installer, version=read_lock(project).version,
                                   lock=read_lock(project)))
             py = args.python or sys.executable
+            if args.with_flashinfer:
+                print("\n".join(fiset.install_into(py, fs, args.installer)))
             print("\n".join(install.report(py, workdir, read_lock(project).version)))
         patches = stack.carried(project, workdir)
         print(f"{workdir} (branch patched) carries {len(patches)} patches:")
@@ -62,6 +78,13 @@ def _cmd_apply(args) -> int:
         return 0
     except OSError as e:
         raise cliargs.os_error(e) from None
+
+
+def _tree_agrees(workdir, fs) -> None:
+    bad = fiset.tree_conflicts(workdir, fs)
+    if bad:
+        raise SglpatchError(f"the patched tree's python/pyproject.toml pins {', '.join(bad)}: pip check would fail after "
+                            "--with-flashinfer; the series must carry P5's pin change (deps/flashinfer.toml); nothing was installed")
 
 
 def _venv_summary(prep, args) -> None:
@@ -142,8 +165,10 @@ def register(sub) -> None:
         "(resolved by uv or pip) plus the patched tree, after a preflight (driver, Python wheels, disk, nvcc for P1); no other venv is touched; "
         "the tree goes to its own workdir (default: the usual one with -VERSION appended)",
     )
-    p.add_argument("--dry-run", action="store_true", help="with --venv: print the preflight verdict and the resolved plan; change nothing")
-    p.add_argument("--with-flashinfer", action="store_true", help="with --venv: P1 will be enabled (flashinfer >= 0.6.17; nvcc >= 12.9 on SM12x)")
+    p.add_argument("--dry-run", action="store_true", help="with --venv: print the preflight verdict and the resolved plan; with "
+                   "--with-flashinfer: print the flashinfer plan; change nothing")
+    p.add_argument("--with-flashinfer", action="store_true", help="also install the flashinfer set of deps/flashinfer.toml for P1 and P5 "
+                   "(into --python, or into --venv's plan), then pip check; the JIT needs nvcc >= 12.8 on CUDA_HOME")
     p.add_argument("--cuda", metavar="12.N", help="with --venv: the CUDA 12 builds of the release's CUDA-specific requirements (for a driver "
                    "below 580), from the indexes deps/cuda12.toml names; the plan shows each one's build and index, the preflight "
                    "refuses what has none (default: the release's own builds)")

@@ -7,6 +7,9 @@ The lines are the real modules' messages:
 - upstream PCIe-IPC (0.5.21+, `pcie_ipc_ar.py`): "FlashInfer PCIe-IPC all-reduce enabled (world=N,
   ...)" / "FlashInfer PCIe-IPC workspace built (...)"; its give-ups "... falling back to NCCL
   all-reduce." / "... failed: ...; reductions stay on NCCL" (switch: SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=1);
+- P5 (patches/0005, 0.5.9's `pcie_ipc_allreduce.py`): "PCIe-IPC allreduce on N GPUs for bf16 reductions
+  up to M elements (...)"; its give-up "PCIe-IPC allreduce is off on all N ranks because ..." (the same
+  switch); it prints 0.5.23's start-up line below as well;
 - SGLang's "Custom allreduce is disabled because ..." warning: the custom kernel is off, so NCCL
   serves unless PCIe-IPC took over;
 - flashinfer's allreduce fusion (P1 on 0.5.9: "FlashInfer workspace initialized for rank R, world_size
@@ -18,10 +21,12 @@ The lines are the real modules' messages:
 
 SGLang tries its custom allreduce before PCIe-IPC, so when both are on, P2 takes the small tensors.
 
-P1 on 0.5.23 (issue 18) logs one start-up line that names the path outright, read first when
-present: "Decode/verify allreduce: <trtllm fused | custom allreduce | PCIe-IPC | NCCL>
+P1 on 0.5.23 (issue 18) and P5 on 0.5.9 log one start-up line that names the path outright, read
+first when present: "Decode/verify allreduce: <trtllm fused | custom allreduce | PCIe-IPC | NCCL>
 (world_size=N)." (`flashinfer_comm_fusion.log_decode_allreduce_path`, after the workspaces are
 built). A fused path serves the plain decode reductions too (set_flashinfer_allreduce_only).
+Whose PCIe-IPC it is (P5's backport or upstream's) is what the served sglang carries (`ipc_by`,
+from served.pcie_ipc_server): the log lines alone do not say.
 """
 
 from __future__ import annotations
@@ -31,9 +36,10 @@ from pathlib import Path
 
 P2 = re.compile(r"Custom allreduce on \d+ PCIe-only GPUs for tensors up to (\d+) bytes")
 CUSTOM_OFF = re.compile(r"Custom allreduce is disabled")
-IPC_ON = re.compile(r"FlashInfer PCIe-IPC all-reduce enabled|FlashInfer PCIe-IPC workspace built")
+IPC_ON = re.compile(r"FlashInfer PCIe-IPC all-reduce enabled|FlashInfer PCIe-IPC workspace built|"
+                    r"PCIe-IPC allreduce on \d+ GPUs for bf16 reductions")
 IPC_GAVE_UP = re.compile(r"PCIe-IPC.*(falling back to NCCL|reductions stay on NCCL)|"
-                         r"PCIe-IPC all-reduce skipped|leaving PCIe-IPC all-reduce off")
+                         r"PCIe-IPC all-reduce skipped|leaving PCIe-IPC all-reduce off|PCIe-IPC allreduce is off on all")
 FUSION_ON = re.compile(r"FlashInfer AllReduce Fusion enabled|FlashInfer workspace initialized for rank")
 FUSION_OFF = re.compile(r"FlashInfer allreduce fusion (is )?disabled|AllReduce fusion disabled|Skipping allreduce fusion")
 STARTUP = re.compile(r"Decode/verify allreduce: ([A-Za-z0-9 -]+?) \(world_size=\d+\)")
@@ -45,6 +51,7 @@ FUSION_BACKEND_FLAG = "--flashinfer-allreduce-fusion-backend"
 P2_NAME, IPC_NAME, NCCL_NAME, UNKNOWN = ("custom allreduce (P2)", "PCIe-IPC (upstream)", "NCCL",
                                          "unknown (no evidence in the log)")
 FUSED_NAME, CA_NAME = "flashinfer trtllm fused (P1)", "custom allreduce (upstream)"
+P5_IPC_NAME = "PCIe-IPC (P5, the 0.5.9 backport)"
 STARTUP_NAMES = {"PCIe-IPC": IPC_NAME, "NCCL": NCCL_NAME, "trtllm fused": FUSED_NAME, "custom allreduce": CA_NAME}
 
 
@@ -52,9 +59,9 @@ def _first(lines: list[str], pat: re.Pattern) -> str | None:
     return next((ln.strip() for ln in lines if pat.search(ln)), None)
 
 
-def allreduce_backend(log_path: Path, env: dict, args: list[str]) -> dict:
+def allreduce_backend(log_path: Path, env: dict, args: list[str], ipc_by: str | None = None) -> dict:
     """{"backend", "evidence" (the log line), "fusion" (None / the line), "selected_by" (env and
-    flag)} for one server run."""
+    flag)} for one server run; ipc_by "P5" names a PCIe-IPC backend as P5's."""
     try:
         lines = Path(log_path).read_text(errors="replace").splitlines()
     except OSError:
@@ -89,6 +96,8 @@ def allreduce_backend(log_path: Path, env: dict, args: list[str]) -> dict:
         out.update(backend=NCCL_NAME, evidence=off)
     else:
         out.update(backend=UNKNOWN, evidence=None)
+    if out["backend"] == IPC_NAME and ipc_by == "P5":
+        out["backend"] = P5_IPC_NAME
     fused = None if startup else _first(lines, FUSION_ON)
     if out["fusion"]:
         pass

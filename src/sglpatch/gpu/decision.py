@@ -43,12 +43,29 @@ SWITCHES = {
     "symm_mem": "--enable-torch-symm-mem",
     "mscclpp": "--enable-mscclpp",
     "flashinfer_fused": "--enable-flashinfer-allreduce-fusion (P1; flashinfer >= 0.6.17)",
-    "pcie_ipc": "SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=1 (sglang >= 0.5.21 with flashinfer >= 0.7.0, e.g. the 0.5.23 "
-                "venv; on by [[server.version_env]] there)",
+    "pcie_ipc": "SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=1 (0.5.9 + P5 with `scripts/apply.sh --with-flashinfer`, or sglang "
+                ">= 0.5.22 natively: flashinfer >= 0.7.0 either way)",
     "b12x_oneshot": "none yet: flashinfer's experimental b12x kernels are not wired into SGLang 0.5.23 (a patch)",
     "b12x_twoshot": "none yet: flashinfer's experimental b12x kernels are not wired into SGLang 0.5.23 (a patch)",
     "b12x_fused": "none yet: flashinfer's experimental b12x kernels are not wired into SGLang 0.5.23 (a patch)",
 }
+
+
+def switch(backend: str, versions: dict | None = None) -> str:
+    """The switch that serves backend on the install whose worker reported versions (hardware
+    versions: sglang, flashinfer-python, sglang_pcie_ipc = "P5" | "upstream" | absent)."""
+    v = versions or {}
+    if backend != "pcie_ipc" or not v:
+        return SWITCHES.get(backend, "?")
+    fi = f"flashinfer {v.get('flashinfer-python', '?')}"
+    if v.get("sglang_pcie_ipc") == "P5":
+        return (f"SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=1 on 0.5.9 + P5 (the series' backport; off by default; {fi}, "
+                "from `scripts/apply.sh --with-flashinfer`)")
+    if v.get("sglang_pcie_ipc") == "upstream":
+        return (f"SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=1 on sglang {v.get('sglang', '?')} natively ({fi}; on by "
+                "[[server.version_env]] there)")
+    return (f"none on this install (sglang {v.get('sglang', '?')}): SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=1 needs 0.5.9 + P5 "
+            "(`scripts/apply.sh --with-flashinfer`) or sglang >= 0.5.22")
 
 
 def config(prof: dict) -> dict | None:
@@ -123,8 +140,9 @@ def _points(rows: list[dict], mode: str) -> dict[tuple[str, str], dict[int, floa
     return pts
 
 
-def project(rows: list[dict], cfg: dict, baseline: dict | None = None) -> dict:
-    """The decision table as data: ranked candidates, those not projected and why, warnings."""
+def project(rows: list[dict], cfg: dict, baseline: dict | None = None, versions: dict[str, dict] | None = None) -> dict:
+    """The decision table as data: ranked candidates, those not projected and why, warnings;
+    versions: {install key: its worker's versions}, which name each candidate's switch there."""
     base = {"decode_step_ms": cfg["decode_step_ms"], "spec_cycle_ms": cfg["spec_cycle_ms"], "source": "profile"}
     base.update(baseline or {})
     accepts = sorted({float(a) for a in cfg["accept_lengths"]} | ({base["accept_length"]} if base.get("accept_length") else set()))
@@ -164,7 +182,7 @@ def project(rows: list[dict], cfg: dict, baseline: dict | None = None) -> dict:
         d_ver = R * (t_srv[ver_n][0] - t[ver_n][0]) / 1000
         step = base["decode_step_ms"] - d_dec
         cycle = base["spec_cycle_ms"] - d_ver
-        row = {"backend": b, "install": inst, "switch": SWITCHES.get(b, "?"),
+        row = {"backend": b, "install": inst, "switch": switch(b, (versions or {}).get(inst)),
                "served": key == served, "fused": any(r.get("fused") for r in rows if r["backend"] == b),
                "t_decode_us": round(t[dec_n][0], 2), "t_decode_how": t[dec_n][1],
                "t_verify_us": round(t[ver_n][0], 2), "t_verify_how": t[ver_n][1],

@@ -139,7 +139,7 @@ def run_doctor(python: str, prof: dict, project: Path, box: Box | None = None, e
     topo, raw = topology.read(smi) if smi and rows else (topology.Topology(), {})
     klass = topology.classify(topo)[0]
     launch_args = [str(a) for a in (prof.get("server") or {}).get("launch_args", [])]
-    add(dc.check_sglang(served), dc.check_torch(info, bool(rows)), *dc.check_kernels(info),
+    add(dc.check_sglang(served), dc.check_torch(info, bool(rows)), *dc.check_kernels(info, served),
         dc.check_env(info, env, prof.get("env") or {}), dc.check_traps(info.get("env") or env, launch_args, klass))
     add(dc.check_driver(info, rows, exe), dc.check_nvcc(info, rows, exe), dc.check_shm(box.shm),
         dc.check_memlock(info), dc.check_build_jobs(info, dc.meminfo(box.proc_root)))

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from sglpatch import preflight
+from sglpatch.gpu.served import pcie_ipc_server
 
 PROBE = Path(__file__).with_name("doctor_probe.py")
 STATES = ("ok", "warn", "fail", "skip")
@@ -100,14 +101,15 @@ def check_torch(info: dict, gpus_visible: bool) -> Check:
     return Check("torch", "ok", text)
 
 
-def check_kernels(info: dict) -> list[Check]:
-    """flashinfer and sgl-kernel / sglang-kernel: installed versions and where they import from."""
+def check_kernels(info: dict, served: dict | None = None) -> list[Check]:
+    """flashinfer and sgl-kernel / sglang-kernel: installed versions and where they import from;
+    whether flashinfer has the PCIe-IPC allreduce that P5 / sglang >= 0.5.22 serve through."""
     d, o = info.get("dists") or {}, info.get("origins") or {}
     fi = {k: d.get(k) for k in ("flashinfer-python", "flashinfer-cubin", "flashinfer-jit-cache") if d.get(k)}
     fi_text = ", ".join(f"{k} {v}" for k, v in fi.items())
-    out = [Check("flashinfer", "ok", f"{fi_text} ({o.get('flashinfer')})") if fi else
-           Check("flashinfer", "warn", "flashinfer is not installed", "install the flashinfer-python SGLang pins "
-                 "(P1's fusion needs >= 0.6.17)")]
+    out = [_flashinfer(f"{fi_text} ({o.get('flashinfer')})", info.get("flashinfer_pcie_ipc"), pcie_ipc_server(served or {}))
+           if fi else Check("flashinfer", "warn", "flashinfer is not installed", "install the flashinfer-python SGLang pins "
+                            "(`scripts/apply.sh --with-flashinfer`: the set for P1 and P5)")]
     sk = {k: d.get(k) for k in ("sgl-kernel", "sglang-kernel") if d.get(k)}
     if sk:
         out.append(Check("sgl-kernel", "ok", ", ".join(f"{k} {v}" for k, v in sk.items()) + f" ({o.get('sgl_kernel')})"))
@@ -115,6 +117,20 @@ def check_kernels(info: dict) -> list[Check]:
         out.append(Check("sgl-kernel", "warn", "neither sgl-kernel nor sglang-kernel is installed",
                          "install the sgl-kernel that sglang pins (its CUDA kernels and P2's custom allreduce)"))
     return out
+
+
+def _flashinfer(text: str, has_ipc: bool | None, server: str | None) -> Check:
+    """The flashinfer line: its PCIe-IPC workspace against what the served sglang would run it with."""
+    by = {"P5": "P5 (0.5.9 + the series)", "upstream": "sglang's own pcie_ipc_ar.py"}.get(server or "", "")
+    if has_ipc:
+        use = (f"usable by {by} with SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=1" if by else
+               "the served sglang has no PCIe-IPC adapter (P5 or sglang >= 0.5.22)")
+        return Check("flashinfer", "ok", f"{text}; has PcieIpcAllReduceWorkspace: {use}")
+    if server:
+        return Check("flashinfer", "warn", f"{text}; no PcieIpcAllReduceWorkspace: {by} cannot turn PCIe-IPC on "
+                     "(it warns and stays on NCCL)", "scripts/apply.sh --with-flashinfer (flashinfer-python >= 0.7.0)")
+    return Check("flashinfer", "ok", f"{text}; no PcieIpcAllReduceWorkspace (P5 needs flashinfer >= 0.7.0: "
+                 "scripts/apply.sh --with-flashinfer)")
 
 
 def check_env(info: dict, passed: dict, profile_env: dict) -> Check:
@@ -192,8 +208,8 @@ def check_driver(info: dict, rows: list, exe: str) -> Check:
 
 
 def check_nvcc(info: dict, rows: list, exe: str) -> Check:
-    """P1's JIT on SM12x needs nvcc >= 12.9: CUDA_HOME / PATH as the serving interpreter sees them.
-    A warning, not a failure: only the P1 modes need it."""
+    """flashinfer's JIT needs nvcc >= 12.8 (P5's PCIe-IPC module), >= 12.9 for P1 on SM12x: CUDA_HOME /
+    PATH as the serving interpreter sees them. A warning, not a failure: only the P1 / P5 modes need it."""
     env = {k: v for k, v in (info.get("env") or {}).items() if k in ("CUDA_HOME", "PATH")}
     c = from_preflight(preflight.nvcc_verdict(rows, exe, env if env else None), fail_state="warn")
     if c.state == "ok":

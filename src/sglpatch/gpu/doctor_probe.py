@@ -37,6 +37,16 @@ def origin(module):
     return spec.origin if spec else None
 
 
+def has_class(module_file, name):
+    """Whether a module's source defines class name (read, not imported), None without the file."""
+    try:
+        with open(module_file, encoding="utf-8", errors="replace") as f:
+            text = f.read()
+    except OSError:
+        return None
+    return f"class {name}(" in text or f"class {name}:" in text
+
+
 def limit(which):
     soft, hard = resource.getrlimit(which)
     return [None if v == resource.RLIM_INFINITY else v for v in (soft, hard)]
@@ -51,6 +61,9 @@ out = {
     "env": {k: v for k, v in os.environ.items() if k.startswith(PREFIXES)},
     "dists": {d: dist_version(d) for d in DISTS},
     "origins": {m: origin(m) for m in ("flashinfer", "sgl_kernel")},
+    # flashinfer >= 0.7.0's PCIe-IPC allreduce, which P5 (0.5.9) and sglang >= 0.5.22 serve through
+    "flashinfer_pcie_ipc": (has_class(os.path.join(os.path.dirname(origin("flashinfer")), "comm", "pcie_ipc_ar.py"),
+                                      "PcieIpcAllReduceWorkspace") or False) if origin("flashinfer") else None,
     "memlock": limit(resource.RLIMIT_MEMLOCK),
     "cpus_affinity": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
     "cpu_count": os.cpu_count(),

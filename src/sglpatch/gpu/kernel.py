@@ -317,7 +317,8 @@ def tier_kernel(prof: dict, project: Path, report_dir: Path, base_env: dict, bas
     first_rows = [r for r in rows if r["install"] == first["key"]]
     tr.data["crossover"] = {m: find_crossover(first_rows, m, k["hidden"]) for m in ("graph", "eager")}
     if cfg and rows:
-        tr.data["decision"] = decision.project(rows, cfg, spec_base)
+        versions = {i["key"]: (i.get("hardware") or {}).get("versions") or {} for i in installs}
+        tr.data["decision"] = decision.project(rows, cfg, spec_base, versions)
     base_path = baseline or (project / k["baseline"] if k.get("baseline") else None)
     if base_path and Path(base_path).is_file():
         cmp = compare_kernel_baseline(first_rows, json.loads(Path(base_path).read_text()), hw,

@@ -175,10 +175,11 @@ def _merge_docs(a: dict, b: dict) -> dict:
 
 
 def install_label(key: str, python: str, hw: dict) -> str:
-    """"A: sglang 0.5.9 (~/ml-env)" from the worker's versions."""
+    """"A: sglang 0.5.9 + P5 (~/ml-env)" from the worker's versions (+ P5: it carries the PCIe-IPC backport)."""
     v = (hw or {}).get("versions") or {}
     home = os.path.expanduser("~")
     venv = str(Path(python).parent.parent)
     venv = "~" + venv[len(home):] if venv.startswith(home) else venv
     what = f"sglang {v['sglang']}" if v.get("sglang") else f"torch {v.get('torch', (hw or {}).get('torch', '?'))}"
+    what += " + P5" if v.get("sglang_pcie_ipc") == "P5" else ""
     return f"{key}: {what} ({venv})"

@@ -4,6 +4,7 @@
     name = "no_spec_ep8_deepep"
     requires_import = ["deep_ep"]   # modules the server's interpreter must import
     min_sglang = "0.5.21"           # the served sglang's version must be at least this
+    requires_pcie_ipc = true        # the served sglang has a PCIe-IPC adapter: 0.5.9 + P5, or >= 0.5.22
 
 A mode whose needs are not met is not run and is listed with the reason (not a failure): on
 --ab, each side checks its own interpreter, so a 0.5.23-only mode runs on that side only."""
@@ -12,7 +13,9 @@ from __future__ import annotations
 
 import subprocess
 
-from sglpatch.gpu.served import version_tuple
+from sglpatch.gpu.served import pcie_ipc_server, version_tuple
+
+NATIVE_PCIE_IPC = "0.5.22"  # 0.5.21 ships pcie_ipc_ar.py, but its flashinfer 0.6.18 has no PCIe-IPC module
 
 CHECK = ("import importlib, sys\n"
          "for m in sys.argv[1:]:\n"
@@ -22,11 +25,17 @@ CHECK = ("import importlib, sys\n"
          "        print(f'{m}: {type(e).__name__}: {e}'); sys.exit(1)\n")
 
 
-def unmet(mode: dict, python: str, env: dict, sglang_version: str | None) -> str | None:
+def unmet(mode: dict, python: str, env: dict, sglang_version: str | None, served: dict | None = None) -> str | None:
     """None when the mode can run with this install, else one line saying why not."""
     lo = mode.get("min_sglang")
     if lo and (not version_tuple(sglang_version) or version_tuple(sglang_version) < version_tuple(lo)):
         return f"needs sglang >= {lo}; {python} serves sglang {sglang_version or '?'}"
+    if mode.get("requires_pcie_ipc"):
+        by = pcie_ipc_server(served or {})
+        if by is None or (by == "upstream" and version_tuple(sglang_version) < version_tuple(NATIVE_PCIE_IPC)):
+            return (f"needs a PCIe-IPC allreduce: sglang 0.5.9 + P5 (`scripts/apply.sh --with-flashinfer`) or sglang >= "
+                    f"{NATIVE_PCIE_IPC}; {python} serves sglang {sglang_version or '?'} "
+                    + ("whose pinned flashinfer has no PCIe-IPC module" if by else "without one"))
     mods = [str(m) for m in mode.get("requires_import") or []]
     if not mods:
         return None
@@ -40,11 +49,12 @@ def unmet(mode: dict, python: str, env: dict, sglang_version: str | None) -> str
     return None
 
 
-def split(modes: list[dict], python: str, env: dict, sglang_version: str | None) -> tuple[list[dict], list[dict]]:
+def split(modes: list[dict], python: str, env: dict, sglang_version: str | None,
+          served: dict | None = None) -> tuple[list[dict], list[dict]]:
     """(modes to run, [{"mode", "why"}] of those not run)."""
     run, skipped = [], []
     for m in modes:
-        why = unmet(m, python, env, sglang_version)
+        why = unmet(m, python, env, sglang_version, served)
         if why:
             skipped.append({"mode": m["name"], "why": why})
         else:

@@ -15,6 +15,20 @@ def version_tuple(v: str | None) -> tuple[int, ...]:
     return tuple(int(x) for x in m.group(1).split(".")) if m else ()
 
 
+P5_MODULE = "srt/distributed/device_communicators/pcie_ipc_allreduce.py"  # P5's adapter (0.5.9 + the series)
+UPSTREAM_MODULE = "srt/distributed/device_communicators/pcie_ipc_ar.py"  # sglang >= 0.5.21's own
+
+
+def pcie_ipc_server(served: dict) -> str | None:
+    """What in the served sglang turns PCIe-IPC on with SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=1: "P5"
+    (the series' backport), "upstream" (0.5.21+'s pcie_ipc_ar.py), or None (neither)."""
+    f = served.get("sglang_file")
+    if not f:
+        return None
+    pkg = Path(f).parent
+    return "P5" if (pkg / P5_MODULE).is_file() else ("upstream" if (pkg / UPSTREAM_MODULE).is_file() else None)
+
+
 def imported_sglang(python: str, env: dict, project: Path) -> dict:
     """Which sglang the server's interpreter imports and, when it is an sglpatch workdir
     (<workdir>/python/sglang), the patches it carries (stack.carried / stack.status)."""

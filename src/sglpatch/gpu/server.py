@@ -35,7 +35,7 @@ from sglpatch.gpu.mode_requires import split
 from sglpatch.gpu.procs import ManagedProcess, tail
 from sglpatch.gpu.profiles import expand, usage_error
 from sglpatch.gpu.report import TierResult
-from sglpatch.gpu.served import imported_sglang, version_tuple
+from sglpatch.gpu.served import imported_sglang, pcie_ipc_server, version_tuple
 from sglpatch.gpu.server_report import (
     bench_metrics,
     mode_table,
@@ -218,7 +218,7 @@ def version_env(srv: dict, version: str | None) -> tuple[dict, list[str]]:
 
 
 def run_server_mode(srv: dict, mode: dict, report_dir: Path, base_env: dict, python: str,
-                    prompts_file: Path) -> dict:
+                    prompts_file: Path, ipc_by: str | None = None) -> dict:
     name = mode["name"]
     out: dict = {"mode": name}
     host, port = srv["host"], int(srv["port"])
@@ -298,7 +298,7 @@ def run_server_mode(srv: dict, mode: dict, report_dir: Path, base_env: dict, pyt
             out["status"] = "fail"
             out["error"] = (out.get("error", "") + f"; processes {survivors} survived the stop").lstrip("; ")
         out["verify_profile"] = read_verify_profile(vp)
-        out["allreduce"] = allreduce_backend(log, env, cmd)
+        out["allreduce"] = allreduce_backend(log, env, cmd, ipc_by)
 
 
 # =========================================================================== the tier
@@ -354,11 +354,13 @@ def tier_server(prof: dict, project: Path, report_dir: Path, base_env: dict, mod
     tr.data["version_env"] = why
     tr.data["side_env"] = side_env or {}
     # a mode's requires_import / min_sglang, before any load
-    selected, tr.data["skipped_modes"] = split(selected, python, base_env, tr.data["served_by"].get("sglang_version"))
+    selected, tr.data["skipped_modes"] = split(selected, python, base_env, tr.data["served_by"].get("sglang_version"),
+                                               tr.data["served_by"])
     if not selected:
         tr.status, tr.summary = "cannot_run", "; ".join(f"{m['mode']}: {m['why']}" for m in tr.data["skipped_modes"])
         return tr
-    results = [run_server_mode(srv, mode, report_dir, base_env, python, prompts_file) for mode in selected]
+    ipc_by = pcie_ipc_server(tr.data["served_by"])
+    results = [run_server_mode(srv, mode, report_dir, base_env, python, prompts_file, ipc_by) for mode in selected]
     tr.data["modes"] = results
     tr.md = mode_table(tr, srv, selected, results)
     first_token = token_differ(python, expand(bench.get("tokenizer") or srv["model_path"]), base_env)

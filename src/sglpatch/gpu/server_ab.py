@@ -17,7 +17,7 @@ from sglpatch.errors import say
 from sglpatch.gpu.allreduce_evidence import describe
 from sglpatch.gpu.profiles import expand, usage_error
 from sglpatch.gpu.report import TierResult, fmt
-from sglpatch.gpu.served import imported_sglang
+from sglpatch.gpu.served import imported_sglang, pcie_ipc_server
 from sglpatch.gpu.server import tier_server
 from sglpatch.gpu.server_report import verify_ms_of
 
@@ -36,14 +36,15 @@ def parse_ab(spec: str) -> list[str]:
     return [expand(p) for p in parts]
 
 
-def install_label(python: str, version: str | None) -> str:
-    """'0.5.9 (~/ml-env)': the sglang version and the venv folder of the interpreter."""
+def install_label(python: str, version: str | None, p5: bool = False) -> str:
+    """'0.5.9 (~/ml-env)': the sglang version and the venv folder of the interpreter; '0.5.9 + P5
+    (~/ml-env)' when its sglang carries P5 (the PCIe-IPC backport)."""
     p = Path(python)
     d = str(p.parent.parent if p.parent.name == "bin" else p.parent)
     home = str(Path.home())
     if d == home or d.startswith(home + "/"):
         d = "~" + d[len(home):]
-    return f"{version or 'sglang ?'} ({d})"
+    return f"{version or 'sglang ?'}{' + P5' if p5 else ''} ({d})"
 
 
 def side_row(m: dict) -> dict:
@@ -84,7 +85,8 @@ def tier_server_ab(prof: dict, project: Path, report_dir: Path, base_env: dict, 
         side_prof = {**prof, "server": {**srv, "python": python}}
         t = tier_server(side_prof, project, side_dir, base_env, modes=modes,
                         side_env=srv.get("ab", {}).get(key.lower(), {}).get("env") or {}, doctor=doctor)
-        label = f"{key}: {install_label(python, t.data.get('served_by', {}).get('sglang_version'))}"
+        by = t.data.get("served_by", {})
+        label = f"{key}: {install_label(python, by.get('sglang_version'), pcie_ipc_server(by) == 'P5')}"
         sides.append({"side": key, "label": label, "python": python, "dir": key, "tier": t})
     return combine(sides)
 

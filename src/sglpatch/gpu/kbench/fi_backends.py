@@ -107,7 +107,8 @@ class PcieIpcBackend(Backend):
             self.max_numel = int(self.comm.max_numel)  # SGLANG_PCIE_IPC_MAX_NUMEL may override it
             self.max_rows = self.max_numel // ctx.hidden
         else:
-            self.how = "flashinfer's workspace, built as sglang 0.5.23's pcie_ipc_ar.py builds it"
+            self.how = ("flashinfer's workspace, built as sglang 0.5.23's pcie_ipc_ar.py builds it (the one P5 serves on "
+                        "0.5.9 with SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=1)")
             tuning = import_first(["flashinfer.comm.pcie_ipc_tuning"])
             self.ws = cls(group=dist.group.WORLD, max_numel=self.max_numel, dtype=torch.bfloat16,
                           tune_batches=pcie_ipc_tune_batches(self.max_rows),

@@ -44,7 +44,28 @@ def versions() -> dict:
             out[d] = md.version(d)
         except Exception:  # noqa: BLE001 — not installed
             continue
+    ipc = sglang_pcie_ipc()
+    if ipc:
+        out["sglang_pcie_ipc"] = ipc
     return out
+
+
+def sglang_pcie_ipc() -> str | None:
+    """What in this interpreter's sglang serves SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=1: "P5" (the
+    series' backport, device_communicators/pcie_ipc_allreduce.py), "upstream" (pcie_ipc_ar.py,
+    sglang >= 0.5.21), None; read from the files, nothing imported."""
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec("sglang")
+    except (ImportError, ValueError):
+        return None
+    if not spec or not spec.origin:
+        return None
+    comm = os.path.join(os.path.dirname(spec.origin), "srt", "distributed", "device_communicators")
+    if os.path.isfile(os.path.join(comm, "pcie_ipc_allreduce.py")):
+        return "P5"
+    return "upstream" if os.path.isfile(os.path.join(comm, "pcie_ipc_ar.py")) else None
 
 
 def run_env() -> dict:
