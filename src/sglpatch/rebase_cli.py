@@ -31,6 +31,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     mode.add_argument("--continue", dest="cont", action="store_true", help="go on after resolving a conflict in the workdir")
     mode.add_argument("--skip", action="store_true", help="drop the patch the rebase stopped at (recorded as a decision)")
     mode.add_argument("--abort", action="store_true", help="put the workdir and the project files back exactly as before")
+    p.add_argument("--promote", action="store_true", help="write the result over the primary series, patches/ and upstream.lock "
+                   "(default: the line folder lines/VERSION/; the primary is left as it is)")
 
 
 def run_args(args) -> int:
@@ -45,8 +47,8 @@ def run_args(args) -> int:
 
 def _go(args, rebase) -> int:
     if args.cont or args.skip or args.abort:
-        if args.onto:
-            raise SglpatchError("--onto goes with a new rebase, not with --continue/--skip/--abort", exitcodes.USAGE)
+        if args.onto or args.promote:
+            raise SglpatchError("--onto and --promote go with a new rebase, not with --continue/--skip/--abort", exitcodes.USAGE)
         if args.abort:
             lines = rebase.abort(cliargs.workdir(args))
         else:
@@ -62,9 +64,23 @@ def _go(args, rebase) -> int:
                              commit=args.commit, url=args.upstream_url)
         print("\n".join(res.lines))
         return res.exit_code
-    lines = rebase.start(project, cliargs.workdir(args), args.onto, source=args.source, commit=args.commit, url=args.upstream_url)
+    lines = rebase.start(project, _workdir(args), args.onto, source=args.source, commit=args.commit, url=args.upstream_url,
+                         promote=args.promote)
     print("\n".join(lines))
     return 0
+
+
+def _workdir(args):
+    """A real rebase moves its workdir to the new release: without --workdir it is the new line's own
+    ($SGLANG_FORK_DIR or ~/sglang-fork, with -VERSION appended; sglpatch.lines), never the primary's
+    tree, which a serving venv may import."""
+    from sglpatch.rebase.target import VERSION_RE
+
+    base = cliargs.workdir(args)
+    m = VERSION_RE.match(args.onto)
+    if args.workdir or not m:
+        return base
+    return base.with_name(f"{base.name}-{m.group(1)}")
 
 
 def register(sub) -> None:

@@ -19,11 +19,12 @@ def _cmd_apply(args) -> int:
         raise SglpatchError("--venv DIR installs into a new venv; --no-install contradicts it", exitcodes.USAGE)
     install.check_target(args.python, installs=not (args.venv or args.no_install))  # before any work
     try:
-        project, workdir = cliargs.project(args), cliargs.workdir(args)
+        line = cliargs.line(args)
+        project, workdir = line.root, cliargs.line_workdir(args, line)
         prep = None
         if args.venv:
             base = args.python or sys.executable
-            if not args.workdir:  # its own tree: the serving venv's editable install must not move under it
+            if not args.workdir and line.primary:  # its own tree: the serving venv's editable install must not move under it
                 workdir = workdir.with_name(f"{workdir.name}-{read_lock(project).version}")
             newvenv.guard_workdir(workdir, base)
             prep = newvenv.prepare(project, args.venv, base, args.installer, args.with_flashinfer, args.release_artifact, args.dry_run,
@@ -56,7 +57,7 @@ def _cmd_apply(args) -> int:
             py = args.python or sys.executable
             print("\n".join(install.report(py, workdir, read_lock(project).version)))
         patches = stack.carried(project, workdir)
-        print(f"{workdir} (branch patched) carries {len(patches)} patches:")
+        print(f"{workdir} (branch patched, line {line.release}{' (primary)' if line.primary else ''}) carries {len(patches)} patches:")
         for line in patches:
             print(f"  {line}")
         return 0
@@ -90,7 +91,13 @@ def _cmd_export(args) -> int:
 
 
 def _cmd_status(args) -> int:
-    print("\n".join(stack.status(cliargs.project(args), cliargs.workdir(args))))
+    from sglpatch import lines
+
+    line = cliargs.line(args)
+    wd = cliargs.line_workdir(args, line)
+    held = lines.held_by(line.root, wd)
+    print("\n".join(stack.status((held if held and not args.line else line).root, wd)))  # without --line: the one it holds
+    print(lines.status_line(held))
     return 0
 
 
@@ -122,6 +129,7 @@ def register(sub) -> None:
     """apply, export, status, check, lock: their parsers, in --help's order."""
     p = sub.add_parser("apply", help="build branch patched in the workdir from upstream.lock + series, and install it")
     cliargs.add_workdir(p)
+    cliargs.add_line(p)
     p.add_argument(
         "--source",
         choices=["auto", "git", "sdist"],
@@ -154,8 +162,9 @@ def register(sub) -> None:
     cliargs.add_workdir(p)
     p.set_defaults(func=_cmd_export)
 
-    p = sub.add_parser("status", help="pin, applied patches, dirty state")
+    p = sub.add_parser("status", help="pin, applied patches, dirty state, and which line the workdir holds")
     cliargs.add_workdir(p)
+    cliargs.add_line(p)
     p.set_defaults(func=_cmd_status)
 
     p = sub.add_parser("check", help="series vs patches/ vs lock; every patch applies exactly (CI gate)")
