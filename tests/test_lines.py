@@ -1,0 +1,160 @@
+"""Every supported line in the checkout at once (issue 27): the primary (series, patches/,
+upstream.lock) and lines/<release>/, each built into a workdir of its own without rewriting the
+checkout. Real git clone of this repository, the real 0.5.9 sdist and 0.5.23 wheel, real pip into
+scratch venvs; the series is read from the files (another helper adds patches to the primary)."""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import subprocess
+import sys
+import venv
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT, git, make_venv, sglpatch
+from sglpatch.lock import read_lock
+from sglpatch.series import read_series
+
+pytestmark = pytest.mark.slow
+LINE = "0.5.23"
+P4_0523 = "python/sglang/srt/speculative/spec_profiler.py"
+
+
+def test_lines_lists_each_line_with_its_pin_patches_upstream_and_driver():
+    res = sglpatch("lines", "--workdir", "/nonexistent/fork")
+    assert res.returncode == 0, res.stderr[-2000:]
+    out = res.stdout
+    primary, line = out.split(f"\n{LINE}: lines/{LINE}/\n")
+    v = read_lock(ROOT).version
+    assert primary.startswith(f"{v} (primary): series, patches/, upstream.lock\n")
+    assert f"  patches:  {len(read_series(ROOT).names)}\n" in primary
+    assert all(f"\n    {n}\n" in primary for n in read_series(ROOT).names)
+    assert "  upstream: nothing of the primary series\n" in primary
+    assert "  driver:   CUDA 12: an NVIDIA driver >= 525.60.13 (Requires-Dist: cuda-python==12.9)\n" in primary
+    assert "  workdir:  /nonexistent/fork (sglpatch apply)" in primary
+    names = read_series(ROOT / "lines" / LINE).names
+    assert f"  pin:      sglang {LINE} (v{LINE}, commit unknown), wheel {read_lock(ROOT / 'lines' / LINE).sdist_filename}\n" in line
+    assert f"  patches:  {len(names)}\n" in line and names == ["0001-sm120-flashinfer-allreduce-fusion.patch", "0004-eagle-verify-profiling.patch"]
+    dropped = [n for n in read_series(ROOT).names if n not in names]
+    assert f"  upstream: {len(dropped)}\n" in line
+    assert ("    0002-pcie-custom-allreduce.patch: superseded by upstream's FlashInfer PCIe-IPC allreduce (recorded: resolutions/0.5.23/)\n"
+            in line)
+    assert "    0003-kimi-k25-eagle3-delegation.patch: absorbed upstream (v0.5.10, https://github.com/sgl-project/sglang/pull/19689)\n" in line
+    assert "  driver:   CUDA 13: an NVIDIA driver >= 580 (Requires-Dist: cuda-python>=13.0); below that, " in line
+    assert f"  workdir:  /nonexistent/fork-{LINE} (sglpatch apply --line {LINE})" in line
+
+
+def test_cuda_of_reads_the_highest_major_a_requirement_names():
+    from sglpatch.lines_cli import cuda_of
+
+    assert cuda_of(["torch==2.9.1", "cuda-python==12.9"]) == (12, "cuda-python==12.9")
+    assert cuda_of(["cuda-python==12.9", "flashinfer_python[cu13]==0.7.2"]) == (13, "flashinfer_python[cu13]==0.7.2")
+    assert cuda_of(["nvshmem4py-cu13", "cuda-python==12.9"]) == (13, "nvshmem4py-cu13")
+    assert cuda_of(["cuda-bindings>=13.0; sys_platform == 'linux'"]) == (13, "cuda-bindings>=13.0")
+    assert cuda_of(["torch==2.14.1", "kernels<0.15"]) == (None, "")
+
+
+def test_an_unknown_line_is_a_usage_error_naming_those_there_are(tmp_path):
+    res = sglpatch("apply", "--line", "0.5.99", "--workdir", str(tmp_path / "wd"), "--no-install")
+    v = read_lock(ROOT).version
+    assert res.returncode == 2 and not (tmp_path / "wd").exists()
+    assert f"no line 0.5.99 in {ROOT} (lines: {v} (primary), {LINE}); `sglpatch rebase --onto 0.5.99` makes it" in res.stderr
+
+
+def _scratch(path: Path) -> Path:
+    venv.EnvBuilder(with_pip=True).create(path)
+    return path / "bin" / "python"
+
+
+def _origin(py: Path) -> str:
+    code = "import importlib.util as u; print(u.find_spec('sglang').origin)"
+    return subprocess.run([str(py), "-c", code], capture_output=True, text=True, check=True, cwd="/").stdout.strip()
+
+
+def _version(py: Path) -> str:
+    code = "import importlib.metadata as m; print(m.version('sglang'))"
+    return subprocess.run([str(py), "-c", code], capture_output=True, text=True, check=True, cwd="/").stdout.strip()
+
+
+def tool_venv(top: Path, co: Path) -> Path:
+    """The clone's tool venv, ready as scripts/lib.sh checks it (its stamp), sharing this
+    interpreter's packages: the scripts run the sglpatch under test (PYTHONPATH) on the clone."""
+    import hashlib
+
+    d = top / "tool-venv"
+    if not d.is_dir():
+        make_venv(d)
+        key = hashlib.sha256((co / "pyproject.toml").read_bytes()).hexdigest()
+        (d / ".sglpatch-tool").write_text(f"{co} {key}\n")
+    return d
+
+
+@pytest.fixture(scope="module")
+def clone(tmp_path_factory):
+    if not (ROOT / ".git").exists():
+        pytest.skip("not a git checkout")
+    top = tmp_path_factory.mktemp("lines")
+    dest = top / "clone"
+    subprocess.run(["git", "clone", "-q", "--no-hardlinks", str(ROOT), str(dest)], check=True)
+    return top, dest
+
+
+def test_both_lines_side_by_side_in_a_fresh_clone(clone):
+    """apply --line 0.5.23 installs the patched 0.5.23 into a scratch venv; the serving venv keeps
+    the primary; a later plain scripts/apply.sh leaves ~/sglang-fork on the primary and the
+    checkout's files unchanged; moving the served tree to 0.5.23 is refused with a command that
+    works as typed."""
+    top, co = clone
+    home = top / "home"
+    home.mkdir()
+    env = {"HOME": str(home)}
+    base_env = {k: v for k, v in os.environ.items() if k != "SGLANG_FORK_DIR"}
+
+    def run(*args):
+        return subprocess.run([sys.executable, "-m", "sglpatch.cli", *args], cwd=co, capture_output=True, text=True,
+                              env=dict(base_env, **env), timeout=900)
+
+    primary = read_lock(co).version
+    serve, scratch = _scratch(top / "serve"), _scratch(top / "scratch")
+    fork, fork_line = home / "sglang-fork", home / f"sglang-fork-{LINE}"
+    # the serving venv on the primary (the README's first command)
+    res = run("apply", "--source", "sdist", "--python", str(serve), "--installer", "pip")
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert _origin(serve) == str(fork / "python" / "sglang" / "__init__.py")
+    # the 0.5.23 line into the scratch venv: its own workdir, the checkout untouched
+    res = run("apply", "--line", LINE, "--source", "sdist", "--python", str(scratch), "--installer", "pip")
+    assert res.returncode == 0, res.stderr[-3000:]
+    names = read_series(co / "lines" / LINE).names
+    assert f"installed sglang {LINE} editable from {fork_line / 'python'} into {scratch}" in res.stdout
+    assert f"{fork_line} (branch patched, line {LINE}) carries {len(names)} patches:" in res.stdout
+    assert _version(scratch) == LINE and _origin(scratch) == str(fork_line / "python" / "sglang" / "__init__.py")
+    assert (fork_line / P4_0523).is_file() and "SGLANG_VERIFY_PROFILE" in (fork_line / "python/sglang/srt/environ.py").read_text()
+    assert git(co, "status", "--porcelain") == ""
+    st = run("status")  # which line each workdir holds
+    assert st.returncode == 0 and f"line:     {primary} (primary), from series, patches/, upstream.lock" in st.stdout, st.stdout
+    st = run("status", "--line", LINE)
+    assert st.returncode == 0 and f"line:     {LINE}, from lines/{LINE}/" in st.stdout and "in sync with the series" in st.stdout
+    # a later plain scripts/apply.sh: the served tree stays on the primary, the checkout unchanged
+    head = git(fork, "rev-parse", "patched")
+    sh = subprocess.run(["bash", str(co / "scripts" / "apply.sh"), "--python", str(serve), "--source", "sdist"], cwd=co,
+                        capture_output=True, text=True, env=dict(base_env, SGLPATCH_TOOL_VENV=str(tool_venv(top, co)), **env),
+                        timeout=900)
+    assert sh.returncode == 0, sh.stdout[-2000:] + sh.stderr[-3000:]
+    assert "is up to date" in sh.stdout and git(fork, "rev-parse", "patched") == head
+    assert _version(serve) == primary and git(co, "status", "--porcelain") == ""
+    # moving the served tree to the 0.5.23 line is refused before any work; the fix works as typed
+    res = run("apply", "--line", LINE, "--workdir", str(fork), "--source", "sdist", "--no-install")
+    assert res.returncode == 1 and git(fork, "rev-parse", "patched") == head, res.stderr
+    assert f"{serve} imports sglang from {fork} (editable): moving that tree from {primary} to {LINE}" in res.stderr
+    fix = re.search(r"Build it in a workdir of its own: `(sglpatch [^`]+)`", res.stderr).group(1)
+    assert fix == f"sglpatch apply --line {LINE} --workdir {fork}-{LINE} --no-install"
+    done = run(*shlex.split(fix)[1:], "--source", "sdist")
+    assert done.returncode == 0 and "is up to date" in done.stdout, done.stderr[-2000:]
+    # a rebase never moves the served tree either
+    rb = run("rebase", "--onto", "0.5.10.post1", "--workdir", str(fork))
+    assert rb.returncode == 1 and f"{serve} imports sglang from {fork} (editable): moving that tree onto 0.5.10.post1" in rb.stderr
+    assert git(fork, "rev-parse", "patched") == head and git(co, "status", "--porcelain") == ""
