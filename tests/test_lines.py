@@ -158,3 +158,26 @@ def test_both_lines_side_by_side_in_a_fresh_clone(clone):
     rb = run("rebase", "--onto", "0.5.10.post1", "--workdir", str(fork))
     assert rb.returncode == 1 and f"{serve} imports sglang from {fork} (editable): moving that tree onto 0.5.10.post1" in rb.stderr
     assert git(fork, "rev-parse", "patched") == head and git(co, "status", "--porcelain") == ""
+
+
+def test_bisect_line_names_the_first_bad_patch_of_the_0523_line(tmp_path):
+    """bisect --line 0.5.23 runs over the 0.5.23 line's stack and names the patch by that line's
+    series (here the 0.5.23 port of P4, the second of its patches, not the primary's second)."""
+    wd = tmp_path / "wd"
+    res = sglpatch("apply", "--line", LINE, "--workdir", str(wd), "--source", "sdist", "--no-install")
+    assert res.returncode == 0, res.stderr[-2000:]
+    names = read_series(ROOT / "lines" / LINE).names
+    bad = "0004-eagle-verify-profiling.patch"
+    cmd = ["--", "sh", "-c", f"test ! -f {wd / P4_0523}"]
+    res = sglpatch("bisect", "--line", LINE, "--project", str(ROOT), "--workdir", str(wd), *cmd, cwd=tmp_path)
+    assert res.returncode == 0, res.stdout + res.stderr[-2000:]
+    assert f"  patch:       {bad} (#{names.index(bad) + 1} of {len(names)})\n" in res.stdout, res.stdout
+    assert git(wd, "rev-parse", "--abbrev-ref", "HEAD") == "patched" and git(wd, "status", "--porcelain") == ""
+    # regress labels what served with the line the workdir holds, its patches named by that line
+    from sglpatch.gpu.series_side import patches_of
+    from sglpatch.gpu.server_report import served_markdown
+
+    by = dict(patches_of(ROOT, wd), workdir=str(wd), python="py", sglang_version=LINE, sglang_file="f")
+    assert by["line"] == f"{LINE} (lines/{LINE}/)" and [c.split(":")[0] for c in by["carried"]] == names
+    md = "\n".join(served_markdown(by, []))
+    assert f"- workdir `{wd}`, line {LINE} (lines/{LINE}/), carries {len(names)} patch(es): {names[0]}: " in md
