@@ -158,6 +158,16 @@ def test_both_lines_side_by_side_in_a_fresh_clone(clone):
     rb = run("rebase", "--onto", "0.5.10.post1", "--workdir", str(fork))
     assert rb.returncode == 1 and f"{serve} imports sglang from {fork} (editable): moving that tree onto 0.5.10.post1" in rb.stderr
     assert git(fork, "rev-parse", "patched") == head and git(co, "status", "--porcelain") == ""
+    # its fix, typed as shown (a shell line): the line is rebased in its own workdir into lines/ only
+    fix = re.search(r"Build it in a workdir of its own: `([^`]+)`", rb.stderr).group(1)
+    own = f"{fork}-0.5.10.post1"
+    assert fix == f"sglpatch apply --workdir {own} --no-install && sglpatch rebase --onto 0.5.10.post1 --workdir {own}"
+    shell_env = dict(base_env, PATH=f"{Path(sys.executable).parent}:{base_env['PATH']}", **env)
+    done = subprocess.run(["bash", "-c", fix], cwd=co, capture_output=True, text=True, env=shell_env, timeout=1200)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    assert git(co, "status", "--porcelain") == "?? lines/0.5.10.post1/" and git(fork, "rev-parse", "patched") == head
+    st = run("status", "--workdir", own)
+    assert "line:     0.5.10.post1, from lines/0.5.10.post1/" in st.stdout and "in sync with the series" in st.stdout, st.stdout
 
 
 def test_bisect_line_names_the_first_bad_patch_of_the_0523_line(tmp_path):
@@ -173,6 +183,17 @@ def test_bisect_line_names_the_first_bad_patch_of_the_0523_line(tmp_path):
     assert res.returncode == 0, res.stdout + res.stderr[-2000:]
     assert f"  patch:       {bad} (#{names.index(bad) + 1} of {len(names)})\n" in res.stdout, res.stdout
     assert git(wd, "rev-parse", "--abbrev-ref", "HEAD") == "patched" and git(wd, "status", "--porcelain") == ""
+    # a rebase starts from the primary: on this workdir (it holds the 0.5.23 line) it refuses, naming
+    # the command that puts the primary back, which works typed as shown in the checkout
+    rb = sglpatch("rebase", "--onto", "0.5.10.post1", "--workdir", str(wd), cwd=ROOT)
+    assert rb.returncode == 1 and f"{wd} does not hold the primary series on {read_lock(ROOT).version}" in rb.stderr, rb.stderr
+    fix = re.search(r"`(sglpatch apply --workdir \S+ --no-install)` builds it", rb.stderr).group(1)
+    assert fix == f"sglpatch apply --workdir {wd} --no-install"
+    done = sglpatch(*shlex.split(fix)[1:], "--source", "sdist", cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-2000:]
+    st = sglpatch("status", "--workdir", str(wd), cwd=ROOT)
+    assert f"line:     {read_lock(ROOT).version} (primary)" in st.stdout and "in sync with the series" in st.stdout, st.stdout
+    sglpatch("apply", "--line", LINE, "--workdir", str(wd), "--source", "sdist", "--no-install")
     # regress labels what served with the line the workdir holds, its patches named by that line
     from sglpatch.gpu.series_side import patches_of
     from sglpatch.gpu.server_report import served_markdown

@@ -82,7 +82,9 @@ def start(
         dirty = git.dirty_files()
         if dirty:
             raise RebaseError(f"{git.workdir} has uncommitted changes ({', '.join(dirty[:3])}); commit and `sglpatch export`, or stash them")
-        install.guard_serving(git.workdir, f"onto {onto}", f"`sglpatch rebase --onto {onto} --workdir {git.workdir}-{onto.lstrip('v')}`")
+        own = f"{git.workdir}-{onto.lstrip('v')}"
+        install.guard_serving(git.workdir, f"onto {onto}", f"`sglpatch apply --workdir {own} --no-install && "
+                              f"sglpatch rebase --onto {onto} --workdir {own}`")
         in_sync = in_sync_stack(git, project)
         if in_sync is None:
             raise RebaseError(
