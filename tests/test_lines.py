@@ -202,3 +202,38 @@ def test_bisect_line_names_the_first_bad_patch_of_the_0523_line(tmp_path):
     assert by["line"] == f"{LINE} (lines/{LINE}/)" and [c.split(":")[0] for c in by["carried"]] == names
     md = "\n".join(served_markdown(by, []))
     assert f"- workdir `{wd}`, line {LINE} (lines/{LINE}/), carries {len(names)} patch(es): {names[0]}: " in md
+
+
+def test_apply_line_venv_builds_a_new_venv_from_the_lines_own_tree(tmp_path):
+    """`apply --line 0.5.23 --venv NEW`, not a dry run, on CPU: the plan from a local index (a fake
+    release artifact pinning one small wheel), the new venv created, the 0.5.23 line built in its
+    own workdir (~/sglang-fork-0.5.23, no second suffix) and installed into it editable with the
+    release wheel's METADATA, the venv marked complete, the summary printed."""
+    from test_venv_preflight import UV, release, wheel
+
+    if not UV:
+        pytest.skip("uv not found")
+    index, empty, home = tmp_path / "index", tmp_path / "empty", tmp_path / "home"
+    empty.mkdir()
+    home.mkdir()
+    wheel(index, "sglpatch-fake-dep", "1.0")
+    art = release(tmp_path, ["sglpatch-fake-dep==1.0"], version=LINE)
+    new = tmp_path / "new"
+    e = {"HOME": str(home), "PATH": f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}", "UV_DEFAULT_INDEX": f"file://{empty}",
+         "UV_FIND_LINKS": str(index), "PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(index)}
+    proc = subprocess.run([sys.executable, "-m", "sglpatch.cli", "apply", "--line", LINE, "--source", "sdist", "--venv", str(new),
+                           "--release-artifact", str(art), "--python", sys.executable, "--installer", "uv"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=900,
+                          env=dict({k: v for k, v in os.environ.items() if k != "SGLANG_FORK_DIR"}, **e))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    wd = home / f"sglang-fork-{LINE}"
+    names = read_series(ROOT / "lines" / LINE).names
+    assert "preflight: verdict: pass" in proc.stdout and "the release's pins: sglpatch-fake-dep==1.0" in proc.stdout
+    assert f"installed sglang {LINE} editable from {wd / 'python'} into {new}/bin/python" in proc.stdout
+    assert f"new venv {new}: 1 packages" in proc.stdout and f"{wd} (branch patched, line {LINE}) carries {len(names)} patches:" in proc.stdout
+    assert _version(new / "bin" / "python") == LINE and _origin(new / "bin" / "python") == str(wd / "python" / "sglang" / "__init__.py")
+    assert not (home / "sglang-fork").exists() and not Path(f"{wd}-{LINE}").exists()
+    again = subprocess.run([sys.executable, "-m", "sglpatch.cli", "apply", "--line", LINE, "--venv", str(new), "--source", "sdist",
+                            "--release-artifact", str(art), "--python", sys.executable], cwd=ROOT, capture_output=True, text=True,
+                           timeout=300, env=dict(os.environ, **e))
+    assert again.returncode == 1 and "exists and is not empty" in again.stderr, again.stderr  # complete: not rebuilt
