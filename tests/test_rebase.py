@@ -182,6 +182,26 @@ def test_conflict_stops_resumable_and_abort_restores_bytes(synth_copy):
     assert snapshot(workdir, project) == before
 
 
+def test_a_line_rebase_in_its_own_workdir_stops_and_abort_finds_it(synth, tmp_path):
+    """Without --workdir a real rebase works in the line's own workdir (HOME/sglang-fork-R), never in
+    ~/sglang-fork; --abort without --workdir finds the one stopped there and puts the project back,
+    the line folder it began included."""
+    project, workdir = synth
+    project = copy_tree(project, tmp_path / "project")
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "sglang-fork").mkdir()  # the primary's tree: not to be touched
+    own = copy_tree(workdir, home / f"sglang-fork-{TARGET}")
+    before = snapshot(own, project)
+    env = {"HOME": str(home), "SGLANG_FORK_DIR": str(home / "sglang-fork")}
+    res = run("--project", str(project), "--onto", TARGET, env=env)
+    assert res.returncode == 3 and f"sglpatch rebase --workdir {own} --continue" in res.stdout, res.stdout + res.stderr
+    assert not any((home / "sglang-fork").iterdir())
+    res = run("--project", str(project), "--abort", env=env)
+    assert res.returncode == 0 and f"rebase aborted: {own} and {project} are back as they were" in res.stdout, res.stderr
+    assert snapshot(own, project) == before and not (project / "lines").exists()
+
+
 def test_continue_after_scripted_resolution_then_replay_is_unattended(synth_copy, tmp_path):
     project, workdir = synth_copy
     pristine = copy_tree(project, tmp_path / "pristine")

@@ -13,7 +13,9 @@ HELP = "move the series onto a new upstream release (classify, 3-way, resumable,
 DESCRIPTION = (
     "Move the series onto a new upstream release: classify every patch, merge 3-way, replay recorded "
     "resolutions, stop resumably at a conflict. --dry-run (the upstream watch) exits 0 when the rebase would "
-    "need nobody (also for work it does unattended) and 3 when a human is needed."
+    "need nobody (also for work it does unattended) and 3 when a human is needed. The result goes to "
+    "lines/VERSION/ (--promote: over the primary series, patches/ and upstream.lock); without --workdir a real "
+    "rebase works in the line's own workdir ($SGLANG_FORK_DIR or ~/sglang-fork, with -VERSION appended)."
 )
 
 
@@ -50,9 +52,9 @@ def _go(args, rebase) -> int:
         if args.onto or args.promote:
             raise SglpatchError("--onto and --promote go with a new rebase, not with --continue/--skip/--abort", exitcodes.USAGE)
         if args.abort:
-            lines = rebase.abort(cliargs.workdir(args))
+            lines = rebase.abort(_resuming(args))
         else:
-            lines = rebase.continue_(cliargs.workdir(args), skip=args.skip)
+            lines = rebase.continue_(_resuming(args), skip=args.skip)
         print("\n".join(lines))
         return 0
     if not args.onto:
@@ -81,6 +83,18 @@ def _workdir(args):
     if args.workdir or not m:
         return base
     return base.with_name(f"{base.name}-{m.group(1)}")
+
+
+def _resuming(args):
+    """--continue/--skip/--abort without --workdir: the default workdir, else the one line workdir
+    beside it (base-VERSION) with a rebase in progress."""
+    from sglpatch.workdir import REBASE_STATE_DIR
+
+    base = cliargs.workdir(args)
+    if args.workdir or (base / ".git" / REBASE_STATE_DIR).is_dir() or not base.parent.is_dir():
+        return base
+    busy = sorted(d for d in base.parent.glob(f"{base.name}-*") if (d / ".git" / REBASE_STATE_DIR).is_dir() and not d.is_symlink())
+    return busy[0] if len(busy) == 1 else base
 
 
 def register(sub) -> None:
