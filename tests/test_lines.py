@@ -237,3 +237,29 @@ def test_apply_line_venv_builds_a_new_venv_from_the_lines_own_tree(tmp_path):
                             "--release-artifact", str(art), "--python", sys.executable], cwd=ROOT, capture_output=True, text=True,
                            timeout=300, env=dict(os.environ, **e))
     assert again.returncode == 1 and "exists and is not empty" in again.stderr, again.stderr  # complete: not rebuilt
+
+
+def test_line_folders_are_checked_and_a_damaged_one_stops_only_what_reads_it(tmp_path):
+    """lines/<R>/ is untrusted input: a link, a name that is no release or a folder without lock and
+    series is not a line; a lock pinning another release is one line naming the fix; the primary
+    (plain apply, status) is read without the line folders."""
+    from conftest import copy_project
+    from sglpatch import lines
+
+    co = copy_project(tmp_path / "co")
+    (co / "lines" / "notes").mkdir()
+    (co / "lines" / "0.6.0").mkdir()  # no lock, no series
+    (tmp_path / "elsewhere").mkdir()
+    (co / "lines" / "0.7.0").symlink_to(tmp_path / "elsewhere")
+    assert [ln.release for ln in lines.all_lines(co)] == [read_lock(co).version, LINE]
+    assert lines.dest("0.5.10.post1") == "lines/0.5.10.post1"
+    with pytest.raises(Exception, match="not a release version"):
+        lines.dest("../x")
+    bad = co / "lines" / "0.5.77"
+    bad.mkdir()
+    (bad / "series").write_text("")
+    (bad / "upstream.lock").write_bytes((co / "upstream.lock").read_bytes())
+    res = sglpatch("lines", "--project", str(co))
+    assert res.returncode == 1 and f"{bad}/upstream.lock pins {read_lock(co).version}, not the line's release 0.5.77" in res.stderr
+    assert lines.at(co).primary and lines.at(co / "lines" / LINE).release == LINE and not lines.at(co / "lines" / LINE).primary
+    assert lines.holding(co, read_lock(co).pin_digest()) is None  # the damaged folder: no answer, no error

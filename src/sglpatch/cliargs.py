@@ -38,7 +38,9 @@ def line(args):
     """The line --line names (sglpatch.lines.Line), the primary without it."""
     from sglpatch import lines
 
-    return lines.find(lines.checkout_of(project(args)), getattr(args, "line", None))
+    root = project(args)
+    release = getattr(args, "line", None)
+    return lines.find(lines.checkout_of(root), release) if release else lines.at(root)
 
 
 def line_workdir(args, ln) -> Path:

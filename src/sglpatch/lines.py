@@ -81,11 +81,17 @@ def _vkey(v: str) -> tuple:
     return tuple(int(x) if x.isdigit() else x for x in re.split(r"[.]|(?<=\d)(?=[a-z])", v) if x)
 
 
+def at(root: Path) -> Line:
+    """The line whose project root is root (the checkout: the primary; lines/R: R), read from root
+    alone: a damaged line folder elsewhere does not stop it."""
+    root = Path(root)
+    lock = read_lock(root)
+    return Line(lock.version, root, checkout_of(root) == root, lock)
+
+
 def find(checkout: Path, release: str | None) -> Line:
     """The line of release (None: the primary); an unknown one is a usage error naming those there are."""
     lines = all_lines(checkout)
-    if release is None:
-        return lines[0]
     rel = release[1:] if release.startswith("v") else release
     for ln in lines:
         if ln.release == rel:
@@ -103,7 +109,10 @@ def holding(checkout: Path, pin: str | None) -> Line | None:
     """The line whose upstream.lock pins the tree of pin (a workdir's upstream pin digest)."""
     if not pin:
         return None
-    return next((ln for ln in all_lines(checkout) if ln.lock.pin_digest() == pin), None)
+    try:
+        return next((ln for ln in all_lines(checkout) if ln.lock.pin_digest() == pin), None)
+    except SglpatchError:  # a damaged line folder: `sglpatch lines` says which
+        return None
 
 
 def held_by(project_root: Path, workdir: Path) -> Line | None:
@@ -112,8 +121,10 @@ def held_by(project_root: Path, workdir: Path) -> Line | None:
     from sglpatch.gitcmd import Git
     from sglpatch.workdir import MANAGED_KEY
 
+    if not (Path(workdir) / ".git").is_dir():
+        return None
     git = Git(Path(workdir))
-    if not (Path(workdir) / ".git").is_dir() or git.config_get(MANAGED_KEY) != "true":
+    if git.config_get(MANAGED_KEY) != "true":
         return None
     return holding(checkout_of(project_root), upstream.upstream_pin(git))
 
