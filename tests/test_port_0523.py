@@ -191,7 +191,7 @@ def test_every_mutant_applies_to_the_current_series(tree, base_059):
 
 
 def test_venv_dry_run_reads_the_pins_from_the_locked_wheel(rebased, tmp_path):
-    """`apply --venv --dry-run` on the replay's 0.5.23 project: no --release-artifact; the
+    """`apply --line 0.5.23 --venv --dry-run` on the replay's 0.5.23 line: no --release-artifact; the
     release's Requires-Dist come from the locked wheel (index-verified, sglpatch.artifacts)."""
     import os
     import shutil
@@ -200,10 +200,10 @@ def test_venv_dry_run_reads_the_pins_from_the_locked_wheel(rebased, tmp_path):
     if not uv:
         pytest.skip("uv not found (the dry run resolves with uv here)")
     project = rebased[0]
-    assert 'filename = "sglang-0.5.23-cp311' in (project / "upstream.lock").read_text()
+    assert 'filename = "sglang-0.5.23-cp311' in (project / "lines" / TARGET / "upstream.lock").read_text()
     new = tmp_path / "new"
     env = dict(os.environ, PATH=f"{os.path.dirname(uv)}:{os.environ['PATH']}")
-    proc = sglpatch("apply", "--project", str(project), "--workdir", str(tmp_path / "fork"), "--venv", str(new), "--dry-run",
+    proc = sglpatch("apply", "--project", str(project), "--line", TARGET, "--workdir", str(tmp_path / "fork"), "--venv", str(new), "--dry-run",
                     "--python", sys.executable, env=env)
     assert "requirements from sglang-0.5.23-cp311-cp311-manylinux_2_34_x86_64.whl" in proc.stderr, proc.stderr[-2000:]
     assert "pass --release-artifact" not in proc.stderr and "pip download of sglang==0.5.23 failed" not in proc.stderr
