@@ -194,6 +194,19 @@ def test_bisect_line_names_the_first_bad_patch_of_the_0523_line(tmp_path):
     st = sglpatch("status", "--workdir", str(wd), cwd=ROOT)
     assert f"line:     {read_lock(ROOT).version} (primary)" in st.stdout and "in sync with the series" in st.stdout, st.stdout
     sglpatch("apply", "--line", LINE, "--workdir", str(wd), "--source", "sdist", "--no-install")
+    # export writes the line the workdir holds, never the primary; asking for another line is refused
+    from conftest import copy_project
+
+    co = copy_project(tmp_path / "co")
+    primary = (co / "series").read_bytes()
+    ex = sglpatch("export", "--project", str(co), "--workdir", str(wd))
+    assert ex.returncode == 0 and f"exported {len(names)} patches: 0 written, {len(names)} unchanged, 0 removed" in ex.stdout, ex.stderr
+    v = read_lock(co).version
+    ex = sglpatch("export", "--project", str(co), "--line", v, "--workdir", str(wd))
+    assert ex.returncode == 2 and (co / "series").read_bytes() == primary
+    fix = re.search(r"`(sglpatch export [^`]+)`", ex.stderr).group(1)
+    assert fix == f"sglpatch export --line {LINE} --workdir {wd}" and f"{wd} holds the line {LINE}, not {v}" in ex.stderr
+    assert sglpatch(*shlex.split(fix)[1:], cwd=co).returncode == 0 and (co / "series").read_bytes() == primary
     # regress labels what served with the line the workdir holds, its patches named by that line
     from sglpatch.gpu.series_side import patches_of
     from sglpatch.gpu.server_report import served_markdown

@@ -74,8 +74,18 @@ def _venv_summary(prep, args) -> None:
 
 
 def _cmd_export(args) -> int:
+    from sglpatch import lines
+
+    line = cliargs.line(args)
+    wd = cliargs.line_workdir(args, line)
+    held = lines.held_by(line.root, wd)  # a line's commits go to that line's files, never to another's
+    if held and held.root != line.root:
+        if args.line:
+            raise SglpatchError(f"{wd} holds the line {held.release}, not {line.release}; nothing was written: "
+                                f"`sglpatch export --line {held.release} --workdir {wd}`", exitcodes.USAGE)
+        line = held
     try:
-        res = stack.export(cliargs.project(args), cliargs.workdir(args))
+        res = stack.export(line.root, wd)
     except OSError as e:
         raise cliargs.os_error(e) from None
     total = len(res.written) + len(res.unchanged)
@@ -158,8 +168,9 @@ def register(sub) -> None:
     p.add_argument("--release-artifact", metavar="PATH", help="with --venv: the release's sdist or wheel to read the pins from (default: the locked sdist or wheel, index-verified)")
     p.set_defaults(func=_cmd_apply)
 
-    p = sub.add_parser("export", help="write upstream..patched back to patches/ and series (byte-stable)")
+    p = sub.add_parser("export", help="write upstream..patched back to patches/ and series (byte-stable) of the line the workdir holds")
     cliargs.add_workdir(p)
+    cliargs.add_line(p)
     p.set_defaults(func=_cmd_export)
 
     p = sub.add_parser("status", help="pin, applied patches, dirty state, and which line the workdir holds")
