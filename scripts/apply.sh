@@ -3,7 +3,7 @@
 # series applied (branch `patched` of a git workdir) and install it into the Python you serve
 # from, then say what that Python now imports. Safe to re-run: an up-to-date workdir makes no commit.
 #
-#   scripts/apply.sh [--workdir DIR] [--python PATH] [--source auto|git|sdist] [--no-install] [--force]
+#   scripts/apply.sh [--line RELEASE] [--workdir DIR] [--python PATH] [--source auto|git|sdist] [--no-install] [--force]
 #                    [--with-flashinfer [--dry-run]] [--venv NEWDIR [--dry-run] [--release-artifact PATH] [--cuda 12.N]]
 #
 # What goes where:
@@ -11,6 +11,10 @@
 #     stay as they are; --no-install leaves it alone entirely.
 #   The sglpatch tool runs from its own venv, ${SGLPATCH_TOOL_VENV:-<checkout>/.tool-venv}, made on first use.
 #   The tree goes to the workdir; downloads to ${SGLPATCH_CACHE:-~/.cache/sglpatch}.
+#
+# --line RELEASE: the line in lines/RELEASE/ (`sglpatch lines` lists them) instead of the primary
+# series; its workdir is ${SGLANG_FORK_DIR:-$HOME/sglang-fork}-RELEASE unless --workdir is given.
+# A tree that a venv imports is never moved to another release (refused, naming the command).
 #
 # Defaults: workdir ${SGLANG_FORK_DIR:-$HOME/sglang-fork}; python: the active venv, else
 # ~/ml-env/bin/python3 when it exists, else none (pass --python, --venv or --no-install; the
@@ -36,6 +40,7 @@ if wants_help "$@"; then help_text; exit 0; fi
 check_values apply.sh "$@"
 WORKDIR="${SGLANG_FORK_DIR:-$HOME/sglang-fork}"
 WORKDIR_GIVEN=()
+LINE=()
 SOURCE=auto
 PY=""
 WITH_FLASHINFER=0
@@ -46,6 +51,8 @@ while [ $# -gt 0 ]; do
   case "$1" in
     --workdir) WORKDIR="$2"; WORKDIR_GIVEN=(--workdir "$2"); shift 2 ;;
     --python) PY="$2"; shift 2 ;;
+    --line) LINE=(--line "$2"); shift 2 ;;
+    --line=*) LINE=(--line "${1#*=}"); shift ;;
     --source) SOURCE="$2"; shift 2 ;;
     --workdir=*) WORKDIR="${1#*=}"; WORKDIR_GIVEN=(--workdir "$WORKDIR"); shift ;;
     --python=*) PY="${1#*=}"; shift ;;
@@ -76,17 +83,21 @@ if [ "$WITH_FLASHINFER" = 1 ] && [ "$NO_INSTALL" = 1 ]; then
   exit 2
 fi
 PY_ARG=(); [ -n "$PY" ] && PY_ARG=(--python "$PY")
+PRIMARY="$(sed -n 's/^version = "\(.*\)"$/\1/p' "$SGLPATCH_HOME/upstream.lock" | head -n 1)"
+if [ ${#LINE[@]} -gt 0 ] && [ ${#WORKDIR_GIVEN[@]} -eq 0 ] && [ "${LINE[1]#v}" != "$PRIMARY" ]; then
+  WORKDIR="$WORKDIR-${LINE[1]#v}"  # the line's own workdir (sglpatch.lines.default_workdir)
+fi
 
 if [ -n "$VENV" ]; then
   echo "apply.sh: new venv $VENV from python ${PY:-python3}, source $SOURCE" >&2
   tool_python
   # without --workdir the tree goes to WORKDIR-VERSION: the serving venv's editable tree stays as it is
-  exec "$TOOL_PY" -m sglpatch apply --project "$SGLPATCH_HOME" ${WORKDIR_GIVEN[@]+"${WORKDIR_GIVEN[@]}"} --source "$SOURCE" \
+  exec "$TOOL_PY" -m sglpatch apply --project "$SGLPATCH_HOME" ${LINE[@]+"${LINE[@]}"} ${WORKDIR_GIVEN[@]+"${WORKDIR_GIVEN[@]}"} --source "$SOURCE" \
     ${PY_ARG[@]+"${PY_ARG[@]}"} --venv "$VENV" ${EXTRA[@]+"${EXTRA[@]}"}
 fi
 if [ "$NO_INSTALL" = 1 ]; then echo "apply.sh: workdir $WORKDIR, source $SOURCE; --no-install: nothing is installed anywhere" >&2
 elif [ "$WITH_FLASHINFER" = 1 ]; then echo "apply.sh: python $PY (gets the patched sglang and deps/flashinfer.toml's flashinfer set), workdir $WORKDIR, source $SOURCE" >&2
 else echo "apply.sh: python $PY (gets only the patched sglang), workdir $WORKDIR, source $SOURCE" >&2; fi
 tool_python
-"$TOOL_PY" -m sglpatch apply --project "$SGLPATCH_HOME" --workdir "$WORKDIR" --source "$SOURCE" \
+"$TOOL_PY" -m sglpatch apply --project "$SGLPATCH_HOME" ${LINE[@]+"${LINE[@]}"} --workdir "$WORKDIR" --source "$SOURCE" \
   ${PY_ARG[@]+"${PY_ARG[@]}"} ${EXTRA[@]+"${EXTRA[@]}"}

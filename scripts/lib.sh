@@ -36,7 +36,7 @@ wants_help() {
 # stderr and exit 2.
 VALUE_OPTS=" --workdir --project --python --source --onto --commit --upstream-url --profile --report \
 --baseline --tier --good --bad --timeout --on-timeout --log-dir --installer --probe-timeout --venv --release-artifact \
---releases --json --markdown --jobs --ab --cuda "
+--releases --json --markdown --jobs --ab --cuda --line "
 check_values() {
   local me="$1"; shift
   while [ $# -gt 0 ]; do

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Re-record resolutions/VERSION/ after patches of the pinned series changed (a recorded
 # resolution is keyed by the bytes of the patch it was made for, so an edited patch makes
-# the replay stop). Replays the committed ports as hand resolutions in a scratch copy:
+# the replay stop), and the line lines/VERSION/ with them. Replays the committed ports as hand
+# resolutions in a scratch copy:
 #   scripts/rerecord.sh 0.5.23 [--project DIR]      # then review `git diff resolutions/`
 # At each stop: a port file resolutions/VERSION/NAME is applied on the new upstream and
 # the rebase continues; a patch recorded as "drop" is skipped. The ports' own files
@@ -66,4 +67,6 @@ for p in saved.glob("*.patch"):  # the ports with their own headers
     (new / p.name).write_bytes(p.read_bytes())
 EOF
 rm -rf "$res"; cp -r "$new" "$res"
-echo "rerecord: $res re-recorded; review with git diff, then commit"
+line="$project/lines/$ver"  # the rebase's result, the line (sglpatch.lines), refreshed with it
+rm -rf "$line"; mkdir -p "$project/lines"; cp -r "$tmp/project/lines/$ver" "$line"
+echo "rerecord: $res re-recorded and $line rewritten; review with git diff, then commit"

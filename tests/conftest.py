@@ -87,7 +87,7 @@ except ImportError:  # pragma: no cover
     artifacts = stack = Lock = read_lock = None
 
 SDIST_0510_SHA256 = "01f7adfe7cde85b238fb0e1bae4b31d494e19d1471cf35ff3c5489a02f9d2263"
-PROJECT_FILES = ("series", "upstream.lock", "patches", "resolutions", "CHANGELOG.md")
+PROJECT_FILES = ("series", "upstream.lock", "patches", "resolutions", "CHANGELOG.md", "lines")
 
 
 # The end-to-end files (each a minute or more of real applies, rebases, venvs, servers and faults,

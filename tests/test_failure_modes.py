@@ -1233,7 +1233,7 @@ def rb_conflict(rb_golden, tmp_path_factory):
 
 
 def _rebase(c: Case, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    args = args or ("--onto", REBASE_TARGET, "--source", "sdist")
+    args = args or ("--onto", REBASE_TARGET, "--source", "sdist", "--promote")  # the primary: the journaled writes of the finish
     return c.run("rebase", "--workdir", str(c.fork), "--project", str(c.project), *args, env=env)
 
 

@@ -93,7 +93,7 @@ def popen(c: Case, *args: str, env: dict | None = None) -> subprocess.Popen:
 
 
 def rebase_args(c: Case, *args: str) -> tuple:
-    return ("rebase", "--workdir", str(c.fork), "--project", str(c.project), *(args or ("--onto", T, "--source", "sdist")))
+    return ("rebase", "--workdir", str(c.fork), "--project", str(c.project), *(args or ("--onto", T, "--source", "sdist", "--promote")))
 
 
 def private_cache(c: Case, where: Path | None = None) -> Path:

@@ -62,6 +62,7 @@ def rebased(base_059, tmp_path_factory):
 
     top = tmp_path_factory.mktemp("replay")
     project = Path(shutil.copytree(base_059[0], top / "project", symlinks=True))
+    shutil.rmtree(project / "lines")  # the rebase writes lines/0.5.23/ anew: compared with the committed one
     workdir = Path(shutil.copytree(base_059[1], top / "wd", symlinks=True))
     res = rebase_sh(workdir, project, "--onto", TARGET)
     return project, workdir, res
@@ -77,14 +78,24 @@ def test_replay_is_unattended_and_the_result_checks(rebased):
 
     project, workdir, res = rebased
     assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-2000:]
-    assert read_series(project).names == [P1, P4]
+    line = project / "lines" / TARGET  # the result is the line (issue 27); the primary stays on 0.5.9
+    assert read_series(project).names == read_series(ROOT).names and 'version = "0.5.9"' in (project / "upstream.lock").read_text()
+    assert read_series(line).names == [P1, P4]
     for name in (P1, P4):  # the recorded ports, byte for byte
-        assert (project / "patches" / name).read_bytes() == (RES / name).read_bytes()
-    assert 'version = "0.5.23"' in (project / "upstream.lock").read_text()
-    log = (project / "CHANGELOG.md").read_text()
+        assert (line / "patches" / name).read_bytes() == (RES / name).read_bytes()
+    # the committed lines/0.5.23/ is what the tool writes, byte for byte (its CHANGELOG up to the date)
+    committed = ROOT / "lines" / TARGET
+    for rel in ("series", "upstream.lock", *(f"patches/{n}" for n in (P1, P4))):
+        assert (line / rel).read_bytes() == (committed / rel).read_bytes(), rel
+    assert sorted(p.name for p in (line / "patches").iterdir()) == sorted(p.name for p in (committed / "patches").iterdir())
+    dated = r" - \d{4}-\d{2}-\d{2}\n"
+    import re
+
+    assert re.sub(dated, "\n", (line / "CHANGELOG.md").read_text()) == re.sub(dated, "\n", (committed / "CHANGELOG.md").read_text())
+    log = (line / "CHANGELOG.md").read_text()
     assert "superseded by upstream's FlashInfer PCIe-IPC allreduce" in log and "pull/19689" in log
-    assert stack.check(project, workdir) == []
-    check = sglpatch("check", "--project", str(project), "--workdir", str(workdir))
+    assert stack.check(line, workdir) == []
+    check = sglpatch("check", "--project", str(line), "--workdir", str(workdir))
     assert check.returncode == 0, check.stdout + check.stderr
 
 
@@ -178,7 +189,7 @@ def test_every_mutant_applies_to_the_current_series(tree, base_059):
 
 
 def test_venv_dry_run_reads_the_pins_from_the_locked_wheel(rebased, tmp_path):
-    """`apply --venv --dry-run` on the replay's 0.5.23 project: no --release-artifact; the
+    """`apply --line 0.5.23 --venv --dry-run` on the replay's 0.5.23 line: no --release-artifact; the
     release's Requires-Dist come from the locked wheel (index-verified, sglpatch.artifacts)."""
     import os
     import shutil
@@ -187,11 +198,11 @@ def test_venv_dry_run_reads_the_pins_from_the_locked_wheel(rebased, tmp_path):
     if not uv:
         pytest.skip("uv not found (the dry run resolves with uv here)")
     project = rebased[0]
-    assert 'filename = "sglang-0.5.23-cp311' in (project / "upstream.lock").read_text()
+    assert 'filename = "sglang-0.5.23-cp311' in (project / "lines" / TARGET / "upstream.lock").read_text()
     new = tmp_path / "new"
     # the pins, not this box's driver (a CI box has none: the preflight would refuse on that alone)
     env = dict(os.environ, PATH=f"{os.path.dirname(uv)}:{os.environ['PATH']}", SGLPATCH_PREFLIGHT_NO_DRIVER="1")
-    proc = sglpatch("apply", "--project", str(project), "--workdir", str(tmp_path / "fork"), "--venv", str(new), "--dry-run",
+    proc = sglpatch("apply", "--project", str(project), "--line", TARGET, "--workdir", str(tmp_path / "fork"), "--venv", str(new), "--dry-run",
                     "--python", sys.executable, env=env)
     assert "requirements from sglang-0.5.23-cp311-cp311-manylinux_2_34_x86_64.whl" in proc.stderr, proc.stderr[-2000:]
     assert "pass --release-artifact" not in proc.stderr and "pip download of sglang==0.5.23 failed" not in proc.stderr

@@ -166,7 +166,7 @@ def test_dry_run_classifies_and_changes_nothing(synth):
 def test_conflict_stops_resumable_and_abort_restores_bytes(synth_copy):
     project, workdir = synth_copy
     before = snapshot(workdir, project)
-    res = run("--workdir", str(workdir), "--project", str(project), "--onto", TARGET)
+    res = run("--workdir", str(workdir), "--project", str(project), "--onto", TARGET, "--promote")
     assert res.returncode == 3, res.stdout + res.stderr
     out = res.stdout
     assert "rebase stopped at patch 2/4: 0002-custom-ar-gate.patch" in out
@@ -174,7 +174,7 @@ def test_conflict_stops_resumable_and_abort_restores_bytes(synth_copy):
     assert "<<<<<<<" in (workdir / GATE).read_text()  # markers in place
     assert git(workdir, "ls-files", "-u")  # unmerged entries, as git users expect
     # a second start is refused while one is in progress
-    again = run("--workdir", str(workdir), "--project", str(project), "--onto", TARGET)
+    again = run("--workdir", str(workdir), "--project", str(project), "--onto", TARGET, "--promote")
     assert again.returncode == 1 and "already in progress" in again.stderr
     (workdir / GATE).write_text("user scribbles\n")  # abort must undo edits made while stopped too
     res = run("--workdir", str(workdir), "--project", str(project), "--abort")
@@ -182,11 +182,31 @@ def test_conflict_stops_resumable_and_abort_restores_bytes(synth_copy):
     assert snapshot(workdir, project) == before
 
 
+def test_a_line_rebase_in_its_own_workdir_stops_and_abort_finds_it(synth, tmp_path):
+    """Without --workdir a real rebase works in the line's own workdir (HOME/sglang-fork-R), never in
+    ~/sglang-fork; --abort without --workdir finds the one stopped there and puts the project back,
+    the line folder it began included."""
+    project, workdir = synth
+    project = copy_tree(project, tmp_path / "project")
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "sglang-fork").mkdir()  # the primary's tree: not to be touched
+    own = copy_tree(workdir, home / f"sglang-fork-{TARGET}")
+    before = snapshot(own, project)
+    env = {"HOME": str(home), "SGLANG_FORK_DIR": str(home / "sglang-fork")}
+    res = run("--project", str(project), "--onto", TARGET, env=env)
+    assert res.returncode == 3 and f"sglpatch rebase --workdir {own} --continue" in res.stdout, res.stdout + res.stderr
+    assert not any((home / "sglang-fork").iterdir())
+    res = run("--project", str(project), "--abort", env=env)
+    assert res.returncode == 0 and f"rebase aborted: {own} and {project} are back as they were" in res.stdout, res.stderr
+    assert snapshot(own, project) == before and not (project / "lines").exists()
+
+
 def test_continue_after_scripted_resolution_then_replay_is_unattended(synth_copy, tmp_path):
     project, workdir = synth_copy
     pristine = copy_tree(project, tmp_path / "pristine")
     pristine_wd = copy_tree(workdir, tmp_path / "pristine-wd")
-    res = run("--workdir", str(workdir), "--project", str(project), "--onto", TARGET)
+    res = run("--workdir", str(workdir), "--project", str(project), "--onto", TARGET, "--promote")
     assert res.returncode == 3
     # scripted resolution: take the new upstream's file and port the intent (a marker line)
     new_text = git(workdir, "show", f"HEAD:{GATE}") + "\n"
@@ -220,7 +240,7 @@ def test_continue_after_scripted_resolution_then_replay_is_unattended(synth_copy
     shutil.copytree(rec, pristine / "resolutions" / TARGET, dirs_exist_ok=True)
     dry = run("--workdir", str(pristine_wd), "--project", str(pristine), "--onto", TARGET, "--dry-run")
     assert dry.returncode == 0 and "does unattended (exit 0)" in dry.stdout, dry.stdout + dry.stderr
-    res = run("--workdir", str(pristine_wd), "--project", str(pristine), "--onto", TARGET)
+    res = run("--workdir", str(pristine_wd), "--project", str(pristine), "--onto", TARGET, "--promote")
     assert res.returncode == 0, res.stdout + res.stderr
     assert (pristine / "patches" / "0002-custom-ar-gate.patch").read_bytes() == (project / "patches" / "0002-custom-ar-gate.patch").read_bytes()
     assert git(pristine_wd, "rev-parse", "patched^{tree}") == git(workdir, "rev-parse", "patched^{tree}")
@@ -311,17 +331,23 @@ def test_real_dry_run_reports_p3_upstream_p2_conflict(patched_tree, tmp_path):
 def test_real_full_rebase_is_unattended(patched_tree, tmp_path):
     project = real_project(tmp_path / "project")
     workdir = copy_tree(patched_tree, tmp_path / "workdir")
+    primary = {n: (project / n).read_bytes() for n in ("series", "upstream.lock", "CHANGELOG.md")}
     res = run("--workdir", str(workdir), "--project", str(project), "--onto", TARGET, "--source", "sdist")
     assert res.returncode == 0, res.stdout + res.stderr
-    names = read_series(project).names
+    # the result is the line lines/0.5.10.post1/; the primary is left as it was (issue 27)
+    line = project / "lines" / TARGET
+    assert {n: (project / n).read_bytes() for n in primary} == primary
+    names = read_series(line).names
     assert P3 not in names and len(names) == len(read_series(ROOT).names) - 1
-    assert 'version = "0.5.10.post1"' in (project / "upstream.lock").read_text()
-    log = (project / "CHANGELOG.md").read_text()
+    assert 'version = "0.5.10.post1"' in (line / "upstream.lock").read_text()
+    log = (line / "CHANGELOG.md").read_text()
     assert "pull/19689" in log and "recorded resolution" in log
     assert (project / "rebase-reports" / "0.5.9..0.5.10.post1" / "report.md").is_file()
-    assert stack.check(project, workdir) == []  # the rebased series applies exactly to its new pin
+    assert stack.check(line, workdir) == []  # the rebased series applies exactly to its new pin
+    st = sglpatch("status", "--workdir", str(workdir), "--project", str(project))
+    assert st.returncode == 0 and "line:     0.5.10.post1, from lines/0.5.10.post1/" in st.stdout, st.stdout + st.stderr
     # the patch tests of issue 3 on the 0.5.10.post1 tree (conftest honours SGLPATCH_PATCHED_TREE)
-    env = dict(os.environ, SGLPATCH_PATCHED_TREE=str(workdir), SGLPATCH_PROJECT=str(project))
+    env = dict(os.environ, SGLPATCH_PATCHED_TREE=str(workdir), SGLPATCH_PROJECT=str(line))
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", str(ROOT / "tests" / "patches")],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=900,

@@ -315,3 +315,41 @@ def test_rebase_onto_a_release_that_does_not_exist_names_the_nearest(tool, home,
     below, above = [r for r in known if Version(r) < Version("0.5.99")][-2:], [r for r in known if Version(r) > Version("0.5.99")][:2]
     newest = f" ({below[-1]} is the newest)" if not above else ""
     assert errors == [f"sglpatch: error: sglang 0.5.99 is not a release on the index; the nearest: {', '.join(below + above)}{newest}"]
+
+
+# ----------------------------------------------------------------------------- 8: README "Move the server" (issue 27)
+
+
+def _readme_move_block() -> list[str]:
+    text = (ROOT / "README.md").read_text()
+    part = text.split("**Move the server to a new release**", 1)[1]
+    block = part.split("\n\n    ", 1)[1].split("\n\n", 1)[0]
+    return [ln.split("#", 1)[0].split() for ln in ("    " + block).splitlines()]
+
+
+def test_readme_move_the_server_is_the_watch_then_one_command(tool, home, tmp_path):
+    """The README's move to 0.5.23, typed in a fresh shell: the watch names the line and its command,
+    then `scripts/apply.sh --line 0.5.23 --venv ~/ml-env-0.5.23 --dry-run` plans the new venv from
+    lines/0.5.23/ (the real wheel's pins, resolved on the real index). The watch is limited to
+    0.5.23 (the whole matrix fetches 206 MB); the checkout's files stay as they are."""
+    import hashlib
+
+    watch, apply = _readme_move_block()
+    assert watch == ["scripts/watch.sh"]
+    assert apply == ["scripts/apply.sh", "--line", "0.5.23", "--venv", "~/ml-env-0.5.23", "--dry-run"]
+    files = ("series", "upstream.lock", *(f"patches/{n}" for n in sorted(p.name for p in (ROOT / "patches").iterdir())))
+    before = {f: hashlib.sha256((ROOT / f).read_bytes()).hexdigest() for f in files}
+    w = run_fresh(["bash", ROOT / watch[0], "--releases", "0.5.23"], home, tool.venv, cwd=ROOT, timeout=1200)
+    assert w.returncode == exitcodes.OK, w.stdout[-3000:] + w.stderr[-3000:]
+    assert "line 0.5.23 in the checkout (lines/0.5.23/, 2 patches: P1 P4): scripts/apply.sh --line 0.5.23 --venv NEWDIR" in w.stdout
+    cmd = ["bash", ROOT / apply[0], *[a.replace("~", str(home), 1) if a.startswith("~") else a for a in apply[1:]]]
+    a = run_fresh(cmd, home, tool.venv, cwd=ROOT, timeout=1200)
+    out = a.stdout
+    assert "Traceback" not in out + a.stderr and "sglang 0.5.23: " in a.stderr, a.stderr[-3000:]
+    assert "requirements from sglang-0.5.23-" in a.stderr
+    pins = out.split("the release's pins: ", 1)[1].split("\n", 1)[0] + " "
+    assert " torch==2.14.1 " in f" {pins}" and " sglang-kernel==0.4.10 " in f" {pins}", pins
+    verdict = out.strip().splitlines()[-1]
+    assert verdict.startswith("preflight: verdict: ") and a.returncode == (0 if verdict.endswith("pass") else 1), out[-2000:]
+    assert not (home / "ml-env-0.5.23").exists() and not (home / "sglang-fork").exists()  # a dry run: nothing made
+    assert {f: hashlib.sha256((ROOT / f).read_bytes()).hexdigest() for f in files} == before

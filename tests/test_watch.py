@@ -180,6 +180,14 @@ def test_watch_cli_matrix_json_markdown(trees, tmp_path):
     md = out_md.read_text()
     header = " | ".join(f"P{k}" for k in range(1, len(SERIES) + 1))
     assert f"| release | source | {header} | verdict |" in md and "superseded by upstream" in md
+    # the watch reads every line of the checkout (issue 27): the newest has one, built by one command
+    names = series.read_series(project / "lines" / NEWEST).names
+    assert data["lines"] == [{"release": NEWEST, "dir": f"lines/{NEWEST}/", "patches": names}]
+    note = f"line {NEWEST} in the checkout (lines/{NEWEST}/, 2 patches: P1 P4): scripts/apply.sh --line {NEWEST} --venv NEWDIR"
+    assert note in res.stdout.splitlines() and f"- {note}" in md and "no line for" not in res.stdout
+    shutil.rmtree(project / "lines")
+    res = sglpatch("watch", "--project", str(project), "--releases", f"{WHEEL},{NEWEST}")
+    assert f"no line for {NEWEST} yet: scripts/rebase.sh --onto {NEWEST} writes lines/{NEWEST}/" in res.stdout.splitlines()
 
 
 def test_second_run_reuses_the_classification_recheck_and_new_inputs_redo_it(trees, tmp_path, monkeypatch):

@@ -24,6 +24,7 @@ DESCRIPTION = (
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     cliargs.add_workdir(p)
+    cliargs.add_line(p)
     p.add_argument("--good", default=UPSTREAM_BRANCH, help=f"a commit where CMD passes (default: {UPSTREAM_BRANCH})")
     p.add_argument("--bad", default=PATCHED_BRANCH, help=f"a commit where CMD fails (default: {PATCHED_BRANCH})")
     p.add_argument("--timeout", type=positive, metavar="SEC", help="per-run limit; CMD's process group is killed past it")
@@ -44,8 +45,12 @@ def run_args(args) -> int:
     if not cmd:
         raise SglpatchError("no command given; usage: sglpatch bisect [options] -- CMD [ARGS...]", exitcodes.USAGE)
     project = Path(args.project).resolve() if args.project else None
+    workdir = cliargs.workdir(args)
+    if args.line:  # the line's series names the patches; its workdir is the line's own (sglpatch.lines)
+        line = cliargs.line(args)
+        project, workdir = line.root, cliargs.line_workdir(args, line)
     result = bisect.run(
-        cliargs.workdir(args), cmd, good=args.good, bad=args.bad, timeout=args.timeout, triage=args.triage,
+        workdir, cmd, good=args.good, bad=args.bad, timeout=args.timeout, triage=args.triage,
         on_timeout=args.on_timeout, project_root=project, log_dir=args.log_dir,
     )
     sys.stderr.flush()

@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from sglpatch import __version__, bisect_cli, exitcodes, rebase_cli, stack_cmd, watch_cli
+from sglpatch import __version__, bisect_cli, exitcodes, lines_cli, rebase_cli, stack_cmd, watch_cli
 from sglpatch.errors import SglpatchError
 
 DESCRIPTION = """\
@@ -45,6 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     # --- foundation (owner: core) ---------------------------------------
     stack_cmd.register(sub)  # apply / export / status / check / lock
+    lines_cli.register(sub)  # the lines side by side (issue 27)
 
     # --- profile-report (owner: P4 helper) --------------------------------
     _add_profile_report(sub)

@@ -29,6 +29,27 @@ def project(args) -> Path:
     return Path(args.project).resolve() if getattr(args, "project", None) else find_project()
 
 
+def add_line(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--line", metavar="RELEASE", help="the line to work on: a release under lines/ (`sglpatch lines` lists them); "
+                   "its workdir defaults to the primary's with -RELEASE appended (default: the primary series)")
+
+
+def line(args):
+    """The line --line names (sglpatch.lines.Line), the primary without it."""
+    from sglpatch import lines
+
+    root = project(args)
+    release = getattr(args, "line", None)
+    return lines.find(lines.checkout_of(root), release) if release else lines.at(root)
+
+
+def line_workdir(args, ln) -> Path:
+    """--workdir as given, else the line's default (sglpatch.lines.default_workdir)."""
+    from sglpatch import lines
+
+    return workdir(args) if args.workdir else lines.default_workdir(workdir(args), ln)
+
+
 def os_error(e: OSError) -> SglpatchError:
     """A full disk, a permission: one line, not a traceback."""
     hint = "free space and re-run" if e.errno == errno.ENOSPC else "fix that and re-run"

@@ -50,6 +50,29 @@ def recorded(workdir: Path) -> str | None:
     return Git(workdir).config_get(INSTALLED_KEY)
 
 
+def serves_from(python: str, workdir: Path) -> bool:
+    """Whether python imports sglang from workdir's tree (found without importing sglang: a venv
+    that lacks sglang's dependencies still points at the tree)."""
+    code = "import importlib.util as u; s = u.find_spec('sglang'); print(s.origin if s and s.origin else '')"
+    try:
+        origin = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=60, cwd="/").stdout.strip()
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return bool(origin) and Path(origin).resolve().is_relative_to((Path(workdir) / "python").resolve())
+
+
+def guard_serving(workdir: Path, moving: str, fix: str) -> None:
+    """Refuse to move a tree to another release (moving: 'from 0.5.9 to 0.5.23') while the
+    interpreter apply installed it into still imports sglang from it: that venv would run the new
+    release's code on the old one's dependencies. fix: the command that builds it elsewhere."""
+    py = recorded(workdir)
+    if py and serves_from(py, workdir):
+        raise SglpatchError(
+            f"{py} imports sglang from {workdir} (editable): moving that tree {moving} would change what it runs, on the "
+            f"old release's dependencies; nothing was changed. Build it in a workdir of its own: {fix}"
+        )
+
+
 def installed_sglang(python: str) -> tuple[str, str] | None:
     """(path, version) of the sglang that python imports, or None."""
     code = "import sglang, sys; print(sglang.__file__); print(getattr(sglang, '__version__', '?'))"

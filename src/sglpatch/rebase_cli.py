@@ -13,7 +13,9 @@ HELP = "move the series onto a new upstream release (classify, 3-way, resumable,
 DESCRIPTION = (
     "Move the series onto a new upstream release: classify every patch, merge 3-way, replay recorded "
     "resolutions, stop resumably at a conflict. --dry-run (the upstream watch) exits 0 when the rebase would "
-    "need nobody (also for work it does unattended) and 3 when a human is needed."
+    "need nobody (also for work it does unattended) and 3 when a human is needed. The result goes to "
+    "lines/VERSION/ (--promote: over the primary series, patches/ and upstream.lock); without --workdir a real "
+    "rebase works in the line's own workdir ($SGLANG_FORK_DIR or ~/sglang-fork, with -VERSION appended)."
 )
 
 
@@ -31,6 +33,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     mode.add_argument("--continue", dest="cont", action="store_true", help="go on after resolving a conflict in the workdir")
     mode.add_argument("--skip", action="store_true", help="drop the patch the rebase stopped at (recorded as a decision)")
     mode.add_argument("--abort", action="store_true", help="put the workdir and the project files back exactly as before")
+    p.add_argument("--promote", action="store_true", help="write the result over the primary series, patches/ and upstream.lock "
+                   "(default: the line folder lines/VERSION/; the primary is left as it is)")
 
 
 def run_args(args) -> int:
@@ -45,12 +49,12 @@ def run_args(args) -> int:
 
 def _go(args, rebase) -> int:
     if args.cont or args.skip or args.abort:
-        if args.onto:
-            raise SglpatchError("--onto goes with a new rebase, not with --continue/--skip/--abort", exitcodes.USAGE)
+        if args.onto or args.promote:
+            raise SglpatchError("--onto and --promote go with a new rebase, not with --continue/--skip/--abort", exitcodes.USAGE)
         if args.abort:
-            lines = rebase.abort(cliargs.workdir(args), _here(args))
+            lines = rebase.abort(_resuming(args), _here(args))
         else:
-            lines = rebase.continue_(cliargs.workdir(args), skip=args.skip)
+            lines = rebase.continue_(_resuming(args), skip=args.skip)
         print("\n".join(lines))
         return 0
     if not args.onto:
@@ -62,7 +66,8 @@ def _go(args, rebase) -> int:
                              commit=args.commit, url=args.upstream_url)
         print("\n".join(res.lines))
         return res.exit_code
-    lines = rebase.start(project, cliargs.workdir(args), args.onto, source=args.source, commit=args.commit, url=args.upstream_url)
+    lines = rebase.start(project, _workdir(args), args.onto, source=args.source, commit=args.commit, url=args.upstream_url,
+                         promote=args.promote)
     print("\n".join(lines))
     return 0
 
@@ -73,6 +78,31 @@ def _here(args):
         return cliargs.project(args)
     except SglpatchError:
         return None
+
+
+def _workdir(args):
+    """A real rebase moves its workdir to the new release: without --workdir it is the new line's own
+    ($SGLANG_FORK_DIR or ~/sglang-fork, with -VERSION appended; sglpatch.lines), never the primary's
+    tree, which a serving venv may import."""
+    from sglpatch.rebase.target import VERSION_RE
+
+    base = cliargs.workdir(args)
+    m = VERSION_RE.match(args.onto)
+    if args.workdir or not m:
+        return base
+    return base.with_name(f"{base.name}-{m.group(1)}")
+
+
+def _resuming(args):
+    """--continue/--skip/--abort without --workdir: the default workdir, else the one line workdir
+    beside it (base-VERSION) with a rebase in progress."""
+    from sglpatch.workdir import REBASE_STATE_DIR
+
+    base = cliargs.workdir(args)
+    if args.workdir or (base / ".git" / REBASE_STATE_DIR).is_dir() or not base.parent.is_dir():
+        return base
+    busy = sorted(d for d in base.parent.glob(f"{base.name}-*") if (d / ".git" / REBASE_STATE_DIR).is_dir() and not d.is_symlink())
+    return busy[0] if len(busy) == 1 else base
 
 
 def register(sub) -> None:

@@ -43,6 +43,7 @@ class Plan:
     hand: dict[str, str] = field(default_factory=dict)  # name -> "replace"/"drop" resolved during this rebase
     orig: dict = field(default_factory=dict)
     stopped: dict = field(default_factory=dict)
+    dest: str = ""  # where the finishing step writes series/patches/lock: "" the primary (--promote), else lines/<R>
     format: int = PLAN_FORMAT
 
 

@@ -18,6 +18,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from sglpatch import lines
 from sglpatch import upstream as up
 from sglpatch.errors import SglpatchError, say
 from sglpatch.fsutil import crashpoint, exclusive, private_tmpdir, remove, write_if_changed
@@ -163,6 +164,7 @@ def apply(
         guard_no_rebase(git)
         clear_scratch(git)  # left by a killed run
         guard_movable(git)
+        lines.guard_move(git, project_root, project.lock)  # a tree a venv imports stays on its release
         try:
             base = up.materialize(git, project.lock, source, python=python, url=url)
         except SglpatchError as e:

@@ -23,11 +23,12 @@ def _cmd_apply(args) -> int:
         raise SglpatchError("--with-flashinfer installs flashinfer into the Python; --no-install contradicts it", exitcodes.USAGE)
     install.check_target(args.python, installs=not (args.venv or args.no_install))  # before any work
     try:
-        project, workdir = cliargs.project(args), cliargs.workdir(args)
+        line = cliargs.line(args)
+        project, workdir = line.root, cliargs.line_workdir(args, line)
         prep = None
         if args.venv:
             base = args.python or sys.executable
-            if not args.workdir:  # its own tree: the serving venv's editable install must not move under it
+            if not args.workdir and line.primary:  # its own tree: the serving venv's editable install must not move under it
                 workdir = workdir.with_name(f"{workdir.name}-{read_lock(project).version}")
             newvenv.guard_workdir(workdir, base)
             prep = newvenv.prepare(project, args.venv, base, args.installer, args.with_flashinfer, args.release_artifact, args.dry_run,
@@ -72,7 +73,7 @@ def _cmd_apply(args) -> int:
                 print("\n".join(fiset.install_into(py, fs, args.installer)))
             print("\n".join(install.report(py, workdir, read_lock(project).version)))
         patches = stack.carried(project, workdir)
-        print(f"{workdir} (branch patched) carries {len(patches)} patches:")
+        print(f"{workdir} (branch patched, line {line.release}{' (primary)' if line.primary else ''}) carries {len(patches)} patches:")
         for line in patches:
             print(f"  {line}")
         return 0
@@ -96,8 +97,18 @@ def _venv_summary(prep, args) -> None:
 
 
 def _cmd_export(args) -> int:
+    from sglpatch import lines
+
+    line = cliargs.line(args)
+    wd = cliargs.line_workdir(args, line)
+    held = lines.held_by(line.root, wd)  # a line's commits go to that line's files, never to another's
+    if held and held.root != line.root:
+        if args.line:
+            raise SglpatchError(f"{wd} holds the line {held.release}, not {line.release}; nothing was written: "
+                                f"`sglpatch export --line {held.release} --workdir {wd}`", exitcodes.USAGE)
+        line = held
     try:
-        res = stack.export(cliargs.project(args), cliargs.workdir(args))
+        res = stack.export(line.root, wd)
     except OSError as e:
         raise cliargs.os_error(e) from None
     total = len(res.written) + len(res.unchanged)
@@ -113,7 +124,13 @@ def _cmd_export(args) -> int:
 
 
 def _cmd_status(args) -> int:
-    print("\n".join(stack.status(cliargs.project(args), cliargs.workdir(args))))
+    from sglpatch import lines
+
+    line = cliargs.line(args)
+    wd = cliargs.line_workdir(args, line)
+    held = lines.held_by(line.root, wd)
+    print("\n".join(stack.status((held if held and not args.line else line).root, wd)))  # without --line: the one it holds
+    print(lines.status_line(held))
     return 0
 
 
@@ -145,6 +162,7 @@ def register(sub) -> None:
     """apply, export, status, check, lock: their parsers, in --help's order."""
     p = sub.add_parser("apply", help="build branch patched in the workdir from upstream.lock + series, and install it")
     cliargs.add_workdir(p)
+    cliargs.add_line(p)
     p.add_argument(
         "--source",
         choices=["auto", "git", "sdist"],
@@ -175,12 +193,14 @@ def register(sub) -> None:
     p.add_argument("--release-artifact", metavar="PATH", help="with --venv: the release's sdist or wheel to read the pins from (default: the locked sdist or wheel, index-verified)")
     p.set_defaults(func=_cmd_apply)
 
-    p = sub.add_parser("export", help="write upstream..patched back to patches/ and series (byte-stable)")
+    p = sub.add_parser("export", help="write upstream..patched back to patches/ and series (byte-stable) of the line the workdir holds")
     cliargs.add_workdir(p)
+    cliargs.add_line(p)
     p.set_defaults(func=_cmd_export)
 
-    p = sub.add_parser("status", help="pin, applied patches, dirty state")
+    p = sub.add_parser("status", help="pin, applied patches, dirty state, and which line the workdir holds")
     cliargs.add_workdir(p)
+    cliargs.add_line(p)
     p.set_defaults(func=_cmd_status)
 
     p = sub.add_parser("check", help="series vs patches/ vs lock; every patch applies exactly (CI gate)")

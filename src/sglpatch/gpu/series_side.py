@@ -9,10 +9,15 @@ from pathlib import Path
 
 
 def patches_of(project: Path, workdir: Path) -> dict:
-    """{'carried': [...], 'status': [...]} for the sglpatch workdir an installed sglang comes from."""
-    from sglpatch import stack
+    """{'carried': [...], 'status': [...], 'line': ...} for the sglpatch workdir an installed sglang
+    comes from, read against the line of the checkout it holds (sglpatch.lines; line: "0.5.23
+    (lines/0.5.23/)", "0.5.9 (primary)", or None when it holds none of them)."""
+    from sglpatch import lines, stack
 
-    return {"carried": stack.carried(project, workdir), "status": stack.status(project, workdir)}
+    held = lines.held_by(project, workdir)
+    root = held.root if held else project
+    line = f"{held.release} ({'primary' if held.primary else held.where})" if held else None
+    return {"carried": stack.carried(root, workdir), "status": stack.status(root, workdir), "line": line}
 
 
 def installed_python(workdir: Path) -> str | None:

@@ -158,6 +158,7 @@ def ab_markdown(sides: list[dict], rows: list[dict], same_prompts: bool) -> list
         by = s["tier"].data.get("served_by") or {}
         carried = by.get("carried")
         md.append(f"- {s['label']}: sglang {by.get('sglang_version', '?')} from `{by.get('sglang_file', by.get('error'))}`; "
+                  + (f"line {by['line']}; " if by.get("line") else "")
                   + (f"carries {len(carried)} patch(es): {'; '.join(carried) or 'none'}" if carried is not None
                      else f"patches: {by.get('patches_note', 'unknown')}"))
     for s in sides:

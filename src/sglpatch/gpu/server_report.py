@@ -312,7 +312,8 @@ def served_markdown(by: dict, modes: list[dict]) -> list[str]:
     else:
         md.append(f"- `{by.get('python')}` imports sglang {by.get('sglang_version')} from `{by.get('sglang_file')}`")
     if by.get("carried") is not None:
-        md.append(f"- workdir `{by['workdir']}` carries {len(by['carried'])} patch(es): "
+        md.append(f"- workdir `{by['workdir']}`" + (f", line {by['line']}," if by.get("line") else "")
+                  + f" carries {len(by['carried'])} patch(es): "
                   + ("; ".join(by["carried"]) or "none"))
         state = [ln for ln in by.get("status", []) if ln.startswith(("state:", "dirty:"))]
         md += [f"  - {ln}" for ln in state]

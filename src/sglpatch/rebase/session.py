@@ -10,10 +10,12 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from sglpatch import stack
+from sglpatch import install, stack
 from sglpatch.errors import say
 from sglpatch.fsutil import crashpoint, exclusive, journal, tmp_prefix, write_if_changed
 from sglpatch.gitcmd import Git
+from sglpatch.lines import dest as line_dest
+from sglpatch.lines import seed as seed_line
 from sglpatch.lock import Lock, write_lock
 from sglpatch.project import Project
 from sglpatch.rebaseplan import Plan, RebaseError
@@ -56,8 +58,11 @@ def _report_name(old: Lock, new: Lock) -> str:
 
 
 def start(
-    project_root: Path, workdir: Path, onto: str, source: str = "sdist", commit: str | None = None, url: str | None = None
+    project_root: Path, workdir: Path, onto: str, source: str = "sdist", commit: str | None = None, url: str | None = None,
+    promote: bool = False,
 ) -> list[str]:
+    """Rebase the primary series onto onto in workdir; the result is written to lines/<release>/
+    (sglpatch.lines), or over the primary's series, patches/ and upstream.lock with promote."""
     project_root = Path(project_root).resolve()
     project = Project.load(project_root)
     git = open_workdir(Path(workdir), create=False)
@@ -77,11 +82,15 @@ def start(
         dirty = git.dirty_files()
         if dirty:
             raise RebaseError(f"{git.workdir} has uncommitted changes ({', '.join(dirty[:3])}); commit and `sglpatch export`, or stash them")
+        own = f"{git.workdir}-{onto.lstrip('v')}"
+        install.guard_serving(git.workdir, f"onto {onto}", f"`sglpatch apply --workdir {own} --no-install && "
+                              f"sglpatch rebase --onto {onto} --workdir {own}`")
         in_sync = in_sync_stack(git, project)
         if in_sync is None:
             raise RebaseError(
-                f"{git.workdir} does not hold the project's series on its pin (unexported commits, or not applied); "
-                "run `sglpatch export` or `sglpatch apply` first, then rebase"
+                f"{git.workdir} does not hold the primary series on {project.lock.version} (unexported commits, another line, "
+                f"or not applied); the rebase starts from it: `sglpatch export --workdir {git.workdir}` saves unexported work, "
+                f"`sglpatch apply --workdir {git.workdir} --no-install` builds it (installs nothing), then rebase"
             )
         branch = git.current_branch()
         plan = prepare(git, project_root, onto, source, commit, url, in_sync)
@@ -94,9 +103,10 @@ def start(
             "applied": git.config_get(APPLIED_KEY),
         }
         new_lock = Lock.parse(plan.new_lock, "target")
+        plan.dest = "" if promote else line_dest(new_lock.version)
         state.check_project(project_root, _project_dirs(plan, project.lock, new_lock))
         rebase_state_dir(git).mkdir(parents=True, exist_ok=True)
-        state.snapshot(git, project_root, new_lock.version, _report_name(project.lock, new_lock))
+        state.snapshot(git, project_root, new_lock.version, _report_name(project.lock, new_lock), plan.dest)
         state.save_orig(git, plan.orig, project_root)
         git.update_ref(f"{REBASE_REF_PREFIX}/onto", plan.onto, message="sglpatch rebase: new upstream")
         crashpoint("rebase:snapshot")
@@ -109,7 +119,8 @@ def start(
 def _project_dirs(plan: Plan, old_lock: Lock, new_lock: Lock) -> list[str]:
     """The project folders the finishing step writes in."""
     report = f"{REPORTS_DIR}/{_report_name(old_lock, new_lock)}"
-    return [".", PATCH_DIR, report, f"{report}/dropped", f"{RESOLUTIONS_DIR}/{new_lock.version}"]
+    at = f"{plan.dest}/" if plan.dest else ""
+    return [".", f"{at}.", f"{at}{PATCH_DIR}", report, f"{report}/dropped", f"{RESOLUTIONS_DIR}/{new_lock.version}"]
 
 
 def _drive(git: Git, plan: Plan) -> list[str]:
@@ -363,7 +374,9 @@ def _finish_journaled(git: Git, plan: Plan) -> list[str]:
     for o in outcomes:
         if o.action in DROPPED:
             # from the snapshot: a killed earlier finish may have exported (removed) it already
-            write_if_changed(report_dir / "dropped" / o.name, (snap / PATCH_DIR / o.name).read_bytes(), within=project_root)
+            # a line's rebase leaves the primary's patches/ as they are: the dropped patch is read there
+            old = project_root / PATCH_DIR / o.name if plan.dest else snap / PATCH_DIR / o.name
+            write_if_changed(report_dir / "dropped" / o.name, old.read_bytes(), within=project_root)
     report = [
         f"# Rebase {old_lock.describe()} -> {new_lock.describe()}",
         "",
@@ -404,16 +417,19 @@ def _finish_journaled(git: Git, plan: Plan) -> list[str]:
 
 def _finish_project(git, plan, outcomes, old_lock, new_lock, new_base, report_dir) -> list[str]:
     project_root = Path(plan.project)
-    res = stack.export_locked(project_root, git)  # this rebase holds DIR's lock
+    line_root = project_root / plan.dest if plan.dest else project_root
+    if plan.dest:
+        seed_line(project_root, line_root, old_lock.version, new_lock.version)
+    res = stack.export_locked(line_root, git)  # this rebase holds DIR's lock
     crashpoint("rebase:finish:export")
-    project = Project.load(project_root)
+    project = Project.load(line_root)
     new_lock.blobs = stack.touched_blobs(git, new_base, project.patches)
-    write_lock(project_root, new_lock)
+    write_lock(line_root, new_lock)
     crashpoint("rebase:finish:lock")
     rel = str(report_dir.relative_to(project_root)) + "/report.md"
-    before = rebase_state_dir(git) / "project" / "files" / CHANGELOG
+    before = rebase_state_dir(git) / "project" / "files" / (f"{plan.dest}/{CHANGELOG}" if plan.dest else CHANGELOG)
     _insert_changelog(
-        project_root,
+        line_root,
         _changelog_section(old_lock, new_lock, plan.source, outcomes, rel),
         before.read_text(encoding="utf-8") if before.is_file() else "",
     )
@@ -424,7 +440,13 @@ def _finish_project(git, plan, outcomes, old_lock, new_lock, new_base, report_di
         git.run("update-ref", "-d", f"{REBASE_REF_PREFIX}/{ref}", check=False)
     (rebase_state_dir(git) / REBASE_STATE_FILE).unlink()  # first: a kill in the rmtree leaves nothing to resume
     shutil.rmtree(rebase_state_dir(git))
-    lines = [f"rebased onto {new_lock.describe()}"] + table(outcomes)
-    lines.append(f"exported: {len(res.written)} written, {len(res.unchanged)} unchanged, {len(res.removed)} removed")
-    lines.append(f"report: {rel}; CHANGELOG.md and upstream.lock updated (commit them)")
-    return lines
+    out = [f"rebased onto {new_lock.describe()}"] + table(outcomes)
+    out.append(f"exported: {len(res.written)} written, {len(res.unchanged)} unchanged, {len(res.removed)} removed")
+    if plan.dest:
+        out.append(f"report: {rel}; the line {new_lock.version} is in {plan.dest}/ (series, patches/, upstream.lock, CHANGELOG.md: "
+                   f"commit them); the primary series, patches/ and upstream.lock are unchanged (--promote rewrites them)")
+        out.append(f"{git.workdir} holds it; install it with `sglpatch apply --line {new_lock.version} --workdir {git.workdir} "
+                   f"--python PYTHON`, or build a new venv: `scripts/apply.sh --line {new_lock.version} --venv NEWDIR`")
+    else:
+        out.append(f"report: {rel}; CHANGELOG.md and upstream.lock updated (commit them)")
+    return out

@@ -135,8 +135,11 @@ def check_abortable(git: Git, project: Path, here: Path | None) -> None:
 # the project: what the rebase may write, checked before anything moves; snapshot and restore
 
 
-def managed_paths(version: str, report_name: str) -> tuple[list[str], list[str]]:
-    return [SERIES_NAME, "upstream.lock", CHANGELOG], [PATCH_DIR, f"{RESOLUTIONS_DIR}/{version}", f"{REPORTS_DIR}/{report_name}"]
+def managed_paths(version: str, report_name: str, dest: str = "") -> tuple[list[str], list[str]]:
+    """The files and folders the finishing step may write; dest: the line folder ("" the primary)."""
+    at = f"{dest}/" if dest else ""
+    return ([f"{at}{SERIES_NAME}", f"{at}upstream.lock", f"{at}{CHANGELOG}"],
+            [f"{at}{PATCH_DIR}", f"{RESOLUTIONS_DIR}/{version}", f"{REPORTS_DIR}/{report_name}"])
 
 
 def check_project(project_root: Path, dirs: list[str]) -> None:
@@ -166,14 +169,14 @@ def _files_under(project_root: Path, rel: str) -> list[str]:
     return sorted(str(p.relative_to(project_root)) for p in root.rglob("*") if p.is_file() and not p.is_symlink())
 
 
-def snapshot(git: Git, project_root: Path, version: str, report_name: str) -> None:
+def snapshot(git: Git, project_root: Path, version: str, report_name: str, dest: str = "") -> None:
     import shutil
 
     snap = rebase_state_dir(git) / "project"
     if snap.exists():
         shutil.rmtree(snap)
     snap.mkdir(parents=True)
-    files, dirs = managed_paths(version, report_name)
+    files, dirs = managed_paths(version, report_name, dest)
     present = [rel for rel in files if (project_root / rel).is_file() and not (project_root / rel).is_symlink()]
     folders = set()
     for d in dirs:

@@ -33,9 +33,19 @@ __all__ = [
 ]
 
 
+def checkout_lines(project_root: Path) -> list[dict]:
+    """The checkout's lines besides the primary (sglpatch.lines): the watch names them beside the
+    releases it classifies, and says which release still has none."""
+    from sglpatch import lines
+
+    return [{"release": ln.release, "dir": ln.where, "patches": lines.carried(ln)}
+            for ln in lines.all_lines(lines.checkout_of(Path(project_root)))[1:]]
+
+
 def main(project_root: Path, releases: str | None = None, json_out: str | None = None, md_out: str | None = None,
          command: str | None = None, jobs: int | None = None, recheck: bool = False) -> int:
     report = run(project_root, releases, jobs, recheck)
+    report["lines"] = checkout_lines(project_root)
     print("\n".join(terminal(report)))
     if json_out:
         data = dict(report, command=command, date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()))

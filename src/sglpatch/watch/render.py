@@ -59,8 +59,20 @@ def terminal(report: dict) -> list[str]:
     for n in report.get("newer", []):
         lines.append(f"newer than the pins: {n['dist']} {n['newest']} (sglang {n['release']} pins {n['pin']}):")
         lines += [f"  {'[series] ' if c['series'] else ''}{c['text']}" for c in n["changes"]]
+    lines += _lines_note(report)
     lines.append(f"newest {report['newest']}: {VERDICT[report['newest_verdict']]} ({report['seconds']}s)")
     return lines
+
+
+def _lines_note(report: dict) -> list[str]:
+    """The checkout's lines (sglpatch.lines): each one's command, and whether the newest release has one."""
+    out = []
+    for ln in report.get("lines", []):
+        out.append(f"line {ln['release']} in the checkout ({ln['dir']}, {len(ln['patches'])} patches: "
+                   f"{' '.join(_short_patch(n) for n in ln['patches'])}): scripts/apply.sh --line {ln['release']} --venv NEWDIR")
+    if "lines" in report and report["newest"] not in {ln["release"] for ln in report["lines"]}:
+        out.append(f"no line for {report['newest']} yet: scripts/rebase.sh --onto {report['newest']} writes lines/{report['newest']}/")
+    return out
 
 
 def markdown(report: dict, command: str | None = None) -> str:
@@ -95,5 +107,7 @@ def markdown(report: dict, command: str | None = None) -> str:
                 continue
             out.append(f"- **{r['version']} {c}**: {cell['text']}")
             out += [f"  - {d}" for d in cell["details"][:8]]
+    note = _lines_note(report)
+    out += ["", "## Lines in the checkout", "", *[f"- {n}" for n in note]] if note else []
     out += ["", f"Newest release {report['newest']}: **{VERDICT[report['newest_verdict']]}**.", ""]
     return "\n".join(out)
