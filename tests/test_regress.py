@@ -253,3 +253,19 @@ def test_judge_names_each_failure_and_passes_optional_set_up_errors():
     ok = TierResult("kernel")
     kernel.judge(ok, {"required_backends": ["nccl"]}, [inst("A", "0.5.9", {"symm_mem": "no multicast"})], rows[:1], cpu_test=False)
     assert ok.failures == [] and ok.status == "skipped"
+
+
+def test_the_report_is_labelled_with_the_lines_that_served(tmp_path):
+    """Issue 27: the whole report names the line (not only the server tier's "What served")."""
+    from sglpatch.gpu.report import TierResult, write_report
+
+    server = TierResult("server", "pass", "ok", data={"served_by": {"line": "0.5.23 (lines/0.5.23/)"}})
+    ab = TierResult("server", "pass", "ok", data={"ab": {"sides": [{"served_by": {"line": "0.5.9 (primary)"}},
+                                                                  {"served_by": {"line": "0.5.23 (lines/0.5.23/)"}},
+                                                                  {"served_by": {}}]}})
+    doc = {"status": "pass", "started_utc": "s", "finished_utc": "f", "command": "c", "exit_code": 0}
+    write_report(tmp_path / "r", doc, [TierResult("cpu", "pass", "ok"), ab, server])
+    assert json.loads((tmp_path / "r" / "report.json").read_text())["lines"] == ["0.5.9 (primary)", "0.5.23 (lines/0.5.23/)"]
+    assert "- line: 0.5.9 (primary), 0.5.23 (lines/0.5.23/)\n" in (tmp_path / "r" / "report.md").read_text()
+    write_report(tmp_path / "n", doc, [TierResult("cpu", "pass", "ok")])
+    assert "- line: (no workdir of this checkout served)\n" in (tmp_path / "n" / "report.md").read_text()

@@ -29,9 +29,20 @@ def fmt(v, nd=1):
     return str(v)
 
 
+def served_lines(tiers: list[TierResult]) -> list[str]:
+    """The lines of the checkout that served (server tier, each A/B side), in order, each once."""
+    found = []
+    for t in tiers:
+        for by in [t.data.get("served_by") or {}, *[s.get("served_by") or {} for s in t.data.get("ab", {}).get("sides", [])]]:
+            if by.get("line") and by["line"] not in found:
+                found.append(by["line"])
+    return found
+
+
 def write_report(report_dir: Path, doc: dict, tiers: list[TierResult]) -> None:
     report_dir.mkdir(parents=True, exist_ok=True)
     doc = dict(doc)
+    doc["lines"] = served_lines(tiers)
     doc["tiers"] = {t.name: {"status": t.status, "summary": t.summary, "failures": t.failures, **t.data}
                     for t in tiers}
     (report_dir / "report.json").write_text(json.dumps(doc, indent=1, default=str) + "\n")
@@ -39,6 +50,7 @@ def write_report(report_dir: Path, doc: dict, tiers: list[TierResult]) -> None:
           f"- date (UTC): {doc['started_utc']} … {doc['finished_utc']}",
           f"- command: `{doc['command']}`",
           f"- profile: {doc.get('profile') or '(none)'} — target: {doc.get('target', {}).get('name')}",
+          f"- line: {', '.join(doc['lines']) or '(no workdir of this checkout served)'}",
           f"- exit status: {doc['exit_code']}", ""]
     md.append("| tier | status | summary |")
     md.append("|---|---|---|")
