@@ -213,7 +213,7 @@ def test_gpu_suite_sees_the_series_side_only_through_series_side():
 
     series_side = {"sglpatch.stack", "sglpatch.series", "sglpatch.lock", "sglpatch.upstream", "sglpatch.rebase",
                    "sglpatch.bisect", "sglpatch.gitcmd", "sglpatch.cli", "sglpatch.install", "sglpatch.watch",
-                   "sglpatch.workdir", "sglpatch.project"}
+                   "sglpatch.workdir", "sglpatch.project", "sglpatch.lines"}
     allowed = {"sglpatch.errors", "sglpatch.proctree", "sglpatch.preflight", "sglpatch.exitcodes",
                "sglpatch.pyenv", "sglpatch.argtypes"}  # standard library only, the box's facts
     for path in (ROOT / "src" / "sglpatch" / "gpu").glob("*.py"):

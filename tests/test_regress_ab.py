@@ -88,7 +88,7 @@ def test_ab_compares_two_installs_in_one_report(tmp_path, patched_python, tokeni
     srv = doc["tiers"]["server"]
     assert res["exit_code"] == 0 and srv["status"] == "pass", srv["failures"]
     a, b = srv["ab"]["sides"]
-    assert a["label"].startswith("A: 0.5.9 (") and b["label"].startswith("B: 0.5.23 (")
+    assert a["label"].startswith("A: 0.5.9 + P5 (") and b["label"].startswith("B: 0.5.23 (")  # A carries the series, P5 included
     assert b["label"].endswith("ml-env-0.5.23)") and srv["ab"]["same_prompts"]
     assert a["served_by"]["sglang_version"] == "0.5.9" and [c.split(":")[0] for c in a["served_by"]["carried"]] == SERIES
     # the same modes, A's first then B's, each side's files in its own folder, one server at a time

@@ -105,6 +105,10 @@ def test_pcie_ipc_modes_for_both_lines_and_whose_pcie_ipc_serves(tmp_path):
     p5, up23, up21, plain = (sglang("0.5.9", served_mod.P5_MODULE), sglang("0.5.23", served_mod.UPSTREAM_MODULE),
                              sglang("0.5.21", served_mod.UPSTREAM_MODULE), sglang("0.5.9b", None))
     assert [served_mod.pcie_ipc_server(s) for s in (p5, up23, up21, plain)] == ["P5", "upstream", "upstream", None]
+    # P5's module in a tree that says 0.5.22+ (never the rebase's result: P5 is dropped there) is upstream's;
+    # 0.5.21.1 (below 0.5.22 whatever its digits) with it is P5's, and 0.5.100 reads as a newer release
+    odd = [sglang(v, served_mod.P5_MODULE) for v in ("0.5.22", "0.5.21.1", "0.5.100")]
+    assert [served_mod.pcie_ipc_server(s) for s in odd] == ["upstream", "P5", "upstream"]
     assert mode_requires.unmet(mode, py, {}, "0.5.9", p5) is None
     assert mode_requires.unmet(mode, py, {}, "0.5.23", up23) is None
     assert mode_requires.unmet(mode, py, {}, "0.5.22", up23) is None  # the first native release (flashinfer 0.7.1)

@@ -26,7 +26,9 @@ def pcie_ipc_server(served: dict) -> str | None:
     if not f:
         return None
     pkg = Path(f).parent
-    return "P5" if (pkg / P5_MODULE).is_file() else ("upstream" if (pkg / UPSTREAM_MODULE).is_file() else None)
+    if (pkg / UPSTREAM_MODULE).is_file() or version_tuple(served.get("sglang_version")) >= (0, 5, 22):
+        return "upstream"  # 0.5.22+ serve it natively; the rebase drops P5 there (superseded)
+    return "P5" if (pkg / P5_MODULE).is_file() else None
 
 
 def imported_sglang(python: str, env: dict, project: Path) -> dict:

@@ -287,9 +287,7 @@ def _split_range_diff(text: str) -> list[str]:
             parts.append("\n".join(cur))
             cur = []
         cur.append(line)
-    if cur:
-        parts.append("\n".join(cur))
-    return parts
+    return parts + (["\n".join(cur)] if cur else [])
 
 
 def _changelog_section(old: Lock, new: Lock, source: str, outcomes: list[Outcome], report_rel: str) -> str:
