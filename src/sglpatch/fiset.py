@@ -26,7 +26,8 @@ from packaging.version import InvalidVersion, Version
 
 from sglpatch import toml
 from sglpatch.errors import SglpatchError, say
-from sglpatch.pyenv import find_uv
+from sglpatch.pyenv import find_uv, installed_distributions
+from sglpatch.pyenv import norm_name as norm
 
 TABLE = Path("deps") / "flashinfer.toml"
 PACKAGE = "flashinfer-python"
@@ -34,8 +35,6 @@ _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 _INDEX = re.compile(r"^(https://[A-Za-z0-9.-]+|http://(127\.0\.0\.1|localhost|\[::1\]))(:\d{1,5})?(/[A-Za-z0-9._~/-]*)?$")
 
 
-def norm(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
 
 
 @dataclass
@@ -143,14 +142,10 @@ def tree_conflicts(workdir: Path, fs: FlashinferSet) -> list[str]:
 
 def installed(python: str) -> dict[str, str]:
     """{normalized name: version} of what python has installed (read only, nothing imported)."""
-    import json
-
-    code = "import importlib.metadata as m, json; print(json.dumps({d.metadata['Name']: d.version for d in m.distributions()}))"
-    try:
-        proc = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=120, cwd="/")
-        return {norm(k): v for k, v in json.loads(proc.stdout).items() if k}
-    except (OSError, subprocess.TimeoutExpired, ValueError):
+    have = installed_distributions(python)
+    if have is None:
         raise SglpatchError(f"cannot read what {python} has installed; pass --python with a working interpreter")
+    return have
 
 
 def _satisfied(spec: str, version: str | None) -> bool:

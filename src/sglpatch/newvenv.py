@@ -28,13 +28,13 @@ from sglpatch.errors import SglpatchError, say
 from sglpatch.fsutil import crashpoint, private_tmpdir
 from sglpatch.install import find_uv
 from sglpatch.lock import read_lock
+from sglpatch.pyenv import installed_distributions
+from sglpatch.pyenv import norm_name as norm
 
 
 _REQ = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*(\[[^\]]*\])?\s*(.*?)\s*(;.*)?$")
 
 
-def norm(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
 
 
 def pinned_version(req: str) -> str | None:
@@ -240,13 +240,8 @@ def prepare(project: Path, venv_dir: Path, python: str, installer: str, p1: bool
 
 
 def installed_versions(python: str) -> dict[str, str]:
-    """{normalized name: version} of what python has installed now (read only)."""
-    code = "import importlib.metadata as m, json; print(json.dumps({d.metadata['Name']: d.version for d in m.distributions()}))"
-    try:
-        proc = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=120, cwd="/")
-        return {norm(k): v for k, v in json.loads(proc.stdout).items() if k}
-    except (OSError, subprocess.TimeoutExpired, ValueError):
-        return {}
+    """{normalized name: version} of what python has installed now (read only; {} when it cannot say)."""
+    return installed_distributions(python) or {}
 
 
 def report(prep: Prepared, full: bool) -> None:

@@ -144,15 +144,26 @@ def module_state(python: str, module: str = "sglang", timeout: float = 300, env:
     return st
 
 
-def _norm(name: str) -> str:
+def norm_name(name: str) -> str:
+    """A distribution name as PEP 503 compares it: "Flashinfer_Python" -> "flashinfer-python"."""
     import re
 
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
+_DISTRIBUTIONS = "import importlib.metadata as m, json; print(json.dumps({d.metadata['Name']: d.version for d in m.distributions()}))"
+
+
+def installed_distributions(python: str, timeout: float = 120) -> dict[str, str] | None:
+    """{normalized name: version} of what python has installed (read only, nothing of it imported
+    here), or None when python cannot say."""
+    out = _ask(python, _DISTRIBUTIONS, timeout)
+    return None if out is None else {norm_name(k): v for k, v in out.items() if k}
+
+
 def missing_requirements(requires: list[str], installed: dict[str, str], env: dict) -> tuple[int, list[str]]:
     """(how many requirements apply to that interpreter, the names of those not satisfied)."""
-    have = {_norm(k): v for k, v in installed.items()}
+    have = {norm_name(k): v for k, v in installed.items()}
     try:
         from packaging.requirements import InvalidRequirement, Requirement
     except ImportError:  # names only, markers with extras skipped
@@ -160,7 +171,7 @@ def missing_requirements(requires: list[str], installed: dict[str, str], env: di
         import re
 
         names = [re.split(r"[\s\[<>=!~(]", n, maxsplit=1)[0] for n in names if n]
-        return len(names), [n for n in names if _norm(n) not in have]
+        return len(names), [n for n in names if norm_name(n) not in have]
     count, missing = 0, []
     for text in requires:
         try:
@@ -170,7 +181,7 @@ def missing_requirements(requires: list[str], installed: dict[str, str], env: di
         if req.marker and not req.marker.evaluate(dict(env, extra="")):
             continue
         count += 1
-        got = have.get(_norm(req.name))
+        got = have.get(norm_name(req.name))
         if got is None or (req.specifier and not req.specifier.contains(got, prereleases=True)):
             missing.append(req.name)
     return count, missing
@@ -195,7 +206,7 @@ def find_uv() -> str | None:
 
 def missing_summary(st: ModuleState, shown: int = 6) -> str:
     first = (st.missing_module or "").split(".")[0]
-    ordered = sorted(st.missing, key=lambda n: _norm(n) != _norm(first))  # the one the import failed on first
+    ordered = sorted(st.missing, key=lambda n: norm_name(n) != norm_name(first))  # the one the import failed on first
     names = ordered[:shown]
     more = f" and {len(st.missing) - shown} more" if len(st.missing) > shown else ""
     how_many = "none of its" if len(st.missing) == st.declared else f"{len(st.missing)} of its"
