@@ -9,7 +9,8 @@ import json
 import pytest
 
 from sglpatch.errors import SglpatchError
-from sglpatch.gpu import decision, profiles
+from sglpatch.gpu.kernel import decision
+from sglpatch.gpu.shared import profile as profiles
 
 CFG = {**decision.DEFAULTS, "hidden": 7168}  # 61 layers x 2, bs 1, 3 draft tokens, 12.2 ms, 30 ms
 
@@ -189,8 +190,8 @@ def test_pcie_ipc_switch_names_what_serves_it_on_each_line():
 
 
 def test_the_worker_reads_the_pcie_ipc_adapter_from_the_files(tmp_path, monkeypatch):
-    from sglpatch.gpu.kbench import hardware
-    from sglpatch.gpu.kernel_launch import install_label
+    from sglpatch.gpu.kernel.kbench import hardware
+    from sglpatch.gpu.kernel.launch import install_label
 
     pkg = tmp_path / "sglang"
     comm = pkg / "srt" / "distributed" / "device_communicators"

@@ -17,11 +17,12 @@ from pathlib import Path
 import pytest
 
 from conftest import SERIES
-from sglpatch.gpu import doctor_checks as dc
-from sglpatch.gpu import doctor_gpu as dg
-from sglpatch.gpu import profiles, topology
-from sglpatch.gpu import served as served_mod
-from sglpatch.gpu.served import imported_sglang
+from sglpatch.gpu.doctor import checks as dc
+from sglpatch.gpu.doctor import gpu as dg
+from sglpatch.gpu.shared import profile as profiles
+from sglpatch.gpu.shared import topology
+from sglpatch.gpu.shared import served as served_mod
+from sglpatch.gpu.shared.served import imported_sglang
 
 ROOT = Path(__file__).resolve().parents[1]
 TOPO = ROOT / "tests" / "fixtures" / "topo"

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import psutil
 
-from sglpatch.gpu import doctor_gpu
+from sglpatch.gpu.doctor import gpu as doctor_gpu
 
 FAKE = """\
 import json, os, sys, time

@@ -20,7 +20,9 @@ import psutil
 import pytest
 from conftest import wait_pid
 
-from sglpatch.gpu import doctor, doctor_procs
+from sglpatch.gpu.doctor import run as doctor
+
+from sglpatch.gpu.doctor import procs as doctor_procs
 
 HOLD = "import os, sys, time\nf = open(sys.argv[1])\nopen(sys.argv[2], 'w').write(str(os.getpid()))\ntime.sleep(600)\n"
 

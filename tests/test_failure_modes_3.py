@@ -20,7 +20,8 @@ from conftest import ROOT, git, sglpatch
 import sglpatch as sglpatch_pkg
 from sglpatch import exitcodes
 from sglpatch.errors import SglpatchError
-from sglpatch.gpu import doctor, doctor_procs
+from sglpatch.gpu.doctor import run as doctor
+from sglpatch.gpu.doctor import procs as doctor_procs
 
 rb_golden, rb_conflict, golden, case = fm.rb_golden, fm.rb_conflict, fm.golden, fm.case  # the failure-mode fixtures
 TOOL_SRC = str(Path(sglpatch_pkg.__file__).resolve().parents[1])
@@ -46,7 +47,7 @@ def test_kill_stale_on_another_users_worker_says_not_permitted_at_once(tmp_path)
         time.sleep(0.2)
         code = (
             "import json, sys, time, psutil\n"
-            "from sglpatch.gpu import doctor_procs as dp\n"
+            "from sglpatch.gpu.doctor import procs as dp\n"
             f"gp = dp.GpuProc({worker.pid}, ['/dev/nvidia0'], cmdline='sglang::scheduler_TP0', worker='w', parent_gone=True,"
             f" proc=psutil.Process({worker.pid}))\n"
             "t = time.monotonic(); lines = dp.end_stale([gp], grace=2.0)\n"
@@ -137,7 +138,7 @@ def test_watch_releases_not_on_the_index_is_a_usage_error_and_a_reversed_range_s
 
 
 def test_profile_report_refuses_batch_size_0_and_drops_an_empty_batch_bucket(tmp_path):
-    from sglpatch.gpu import profile_report as pr
+    from sglpatch import verify_profile as pr
 
     rec = {"cycles": 10, "cycle_ms_mean": 20.0, "draft_ms_mean": 5.0, "verify_ms_mean": 10.0, "extend_ms_mean": 5.0,
            "accept_length": 2.5, "baseline_step_ms": 10.0}

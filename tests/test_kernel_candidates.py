@@ -17,7 +17,9 @@ import pytest
 
 from conftest import venv_0523
 from sglpatch.errors import SglpatchError
-from sglpatch.gpu import kernel_launch, profiles, regress
+from sglpatch.gpu import regress
+from sglpatch.gpu.kernel import launch as kernel_launch
+from sglpatch.gpu.shared import profile as profiles
 
 ROOT = Path(__file__).resolve().parents[1]
 SHIM_B = ROOT / "tests" / "shims" / "kb_install_b"
@@ -178,7 +180,7 @@ def test_launch_plan_and_usage_errors(tmp_path):
     a = {"key": "A", "python": "/py/a"}
     ls = kernel_launch.kernel_launches(prof, 8, tmp_path, a, True)
     assert [L["name"] for L in ls] == ["main", "p2p_off", "default_env"]
-    assert ls[0]["cmd"][6:8] == ["-m", "sglpatch.gpu.kernel_bench"]
+    assert ls[0]["cmd"][6:8] == ["-m", "sglpatch.gpu.kernel.bench"]
     assert ls[2]["unset"] == ["NCCL_ALGO", "NCCL_BUFFSIZE", "NCCL_MAX_NCHANNELS", "NCCL_NTHREADS", "NCCL_P2P_LEVEL",
                               "NCCL_PROTO"]
     cmd = ls[0]["cmd"]
@@ -188,7 +190,7 @@ def test_launch_plan_and_usage_errors(tmp_path):
     q = kernel_launch.kernel_launches(prof, 8, tmp_path, a, True, quick=True)[0]["cmd"]
     assert q[q.index("--sizes") + 1] == "1,3" and q[q.index("--samples") + 1] == "8"
     env = kernel_launch.worker_env({"PYTHONPATH": "/x"})
-    assert env["PYTHONPATH"] == f"{Path(kernel_launch.__file__).resolve().parents[2]}{os.pathsep}/x"  # the sglpatch under test
+    assert env["PYTHONPATH"] == f"{Path(kernel_launch.__file__).resolve().parents[3]}{os.pathsep}/x"  # the sglpatch under test
     with pytest.raises(SglpatchError, match="not an executable interpreter"):
         kernel_launch.interpreters({}, f"{sys.executable},{tmp_path / 'nope'}")
     with pytest.raises(SglpatchError, match="the same interpreter twice"):
@@ -229,7 +231,7 @@ def test_pcie_ipc_in_the_stress_run(tmp_path):
 
     out = tmp_path / "kb.json"
     cmd = [install_b(tmp_path), "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-           "-m", "sglpatch.gpu.kernel_bench", "--device", "cpu", "--hidden", "64", "--stress", "240",
+           "-m", "sglpatch.gpu.kernel.bench", "--device", "cpu", "--hidden", "64", "--stress", "240",
            "--stress-sizes", "1,3", "--stress-batch", "48", "--backends", "pcie_ipc,b12x_twoshot,flashinfer_fused",
            "--out", str(out), "--scratch-dir", str(tmp_path)]
     env = kernel_launch.worker_env(dict(os.environ, OMP_NUM_THREADS="1"))

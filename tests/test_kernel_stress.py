@@ -15,8 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from sglpatch.gpu import kernel_bench as kb
-from sglpatch.gpu import kernel, profiles, regress
+from sglpatch.gpu.kernel import bench as kb
+from sglpatch.gpu import regress
+from sglpatch.gpu.kernel import tier as kernel
+from sglpatch.gpu.shared import profile as profiles
 from sglpatch.cli import main as cli_main
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -191,7 +193,7 @@ def _torchrun(tmp_path, *args, timeout=180):
     _torch()
     out = tmp_path / "kb.json"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-           str(ROOT / "src" / "sglpatch" / "gpu" / "kernel_bench.py"), "--device", "cpu", "--hidden", "64",
+           str(ROOT / "src" / "sglpatch" / "gpu" / "kernel" / "bench.py"), "--device", "cpu", "--hidden", "64",
            "--stress-sizes", "1,3,16", "--stress-batch", "128", "--out", str(out), *args]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=dict(os.environ, OMP_NUM_THREADS="1"))
     return r, (json.loads(out.read_text()) if out.exists() else None)

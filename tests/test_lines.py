@@ -214,8 +214,8 @@ def test_bisect_line_names_the_first_bad_patch_of_the_0523_line(tmp_path):
     assert fix == f"sglpatch export --line {LINE} --workdir {wd}" and f"{wd} holds the line {LINE}, not {v}" in ex.stderr
     assert sglpatch(*shlex.split(fix)[1:], cwd=co).returncode == 0 and (co / "series").read_bytes() == primary
     # regress labels what served with the line the workdir holds, its patches named by that line
-    from sglpatch.gpu.series_side import patches_of
-    from sglpatch.gpu.server_report import served_markdown
+    from sglpatch.gpu.shared.series_side import patches_of
+    from sglpatch.gpu.server.report import served_markdown
 
     by = dict(patches_of(ROOT, wd), workdir=str(wd), python="py", sglang_version=LINE, sglang_file="f")
     assert by["line"] == f"{LINE} (lines/{LINE}/)" and [c.split(":")[0] for c in by["carried"]] == names

@@ -154,7 +154,7 @@ def test_p1_p4_on_sglang_0523_modules(real_0523):
 
 def test_regression_suite_reads_the_startup_line(real_0523, tmp_path):
     """The lines the real module logged, in a server log: the "which allreduce served" reader."""
-    from sglpatch.gpu.allreduce_evidence import FUSED_NAME, IPC_NAME, NCCL_NAME, allreduce_backend, describe
+    from sglpatch.gpu.server.evidence import FUSED_NAME, IPC_NAME, NCCL_NAME, allreduce_backend, describe
 
     _, out = real_0523
     lines = [json.loads(x) for x in out.read_text().splitlines()]

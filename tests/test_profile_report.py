@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from sglpatch.gpu import profile_report as pr
+from sglpatch import verify_profile as pr
 from sglpatch.errors import SglpatchError
 
 

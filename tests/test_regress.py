@@ -13,7 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from sglpatch.gpu import kernel, procs, profiles, regress
+from sglpatch.gpu import regress
+
+from sglpatch.gpu.kernel import tier as kernel
+
+from sglpatch.gpu.shared import procs
+
+from sglpatch.gpu.shared import profile as profiles
 from sglpatch.cli import main as cli_main
 from sglpatch.errors import SglpatchError
 
@@ -133,7 +139,7 @@ def test_kernel_tier_without_gpus_cannot_run(tmp_path, monkeypatch):
 
 
 def test_nvlink_detection_from_topo():
-    from sglpatch.gpu.kernel_bench import nvlink_from_topo, percentile
+    from sglpatch.gpu.kernel.bench import nvlink_from_topo, percentile
 
     assert nvlink_from_topo("\tGPU0\tGPU1\nGPU0\t X \tNV18\nGPU1\tNV18\t X \n") is True
     assert nvlink_from_topo("\tGPU0\tGPU1\nGPU0\t X \tNODE\nGPU1\tNODE\t X \n") is False
@@ -233,7 +239,7 @@ def test_judge_names_each_failure_and_passes_optional_set_up_errors():
     """The kernel tier's judge (issue 29): NCCL failing to set up fails the run in any install, a
     required backend only in the first; an optional backend's set-up error (symm_mem without P2P
     atomics) is reported, not a failure; every WRONG result and raised row is one failure."""
-    from sglpatch.gpu.report import TierResult
+    from sglpatch.gpu.shared.report import TierResult
 
     def inst(key, label, errors=None, hung=()):
         return {"key": key, "label": label, "errors": errors or {}, "hung": list(hung), "absent": {}}
@@ -257,7 +263,7 @@ def test_judge_names_each_failure_and_passes_optional_set_up_errors():
 
 def test_the_report_is_labelled_with_the_lines_that_served(tmp_path):
     """Issue 27: the whole report names the line (not only the server tier's "What served")."""
-    from sglpatch.gpu.report import TierResult, write_report
+    from sglpatch.gpu.shared.report import TierResult, write_report
 
     server = TierResult("server", "pass", "ok", data={"served_by": {"line": "0.5.23 (lines/0.5.23/)"}})
     ab = TierResult("server", "pass", "ok", data={"ab": {"sides": [{"served_by": {"line": "0.5.9 (primary)"}},

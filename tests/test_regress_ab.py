@@ -26,9 +26,9 @@ from test_regress_server import (  # noqa: F401 — fixtures
 
 from sglpatch.errors import SglpatchError
 from sglpatch.gpu import regress
-from sglpatch.gpu import server as regress_server
-from sglpatch.gpu import server_report
-from sglpatch.gpu.allreduce_evidence import IPC_NAME, NCCL_NAME, P2_NAME, UNKNOWN, allreduce_backend
+from sglpatch.gpu.server import tier as server_tier
+from sglpatch.gpu.server import report as server_report
+from sglpatch.gpu.server.evidence import IPC_NAME, NCCL_NAME, P2_NAME, UNKNOWN, allreduce_backend
 
 MODES = """
 [[server.modes]]
@@ -194,14 +194,14 @@ def test_allreduce_backend_from_the_real_log_lines(tmp_path):
 def test_version_rules_and_p4_verify_ms():
     srv = {"version_env": [{"min_version": "0.5.21", "env": {"X": 1}},
                            {"min_version": "0.5.10", "max_version": "0.5.21", "env": {"Y": "1"}}]}
-    assert regress_server.version_env(srv, "0.5.23")[0] == {"X": "1"}
-    assert regress_server.version_env(srv, "0.5.10.post1")[0] == {"Y": "1"}
-    assert regress_server.version_env(srv, "0.5.9")[0] == {} and regress_server.version_env(srv, "?")[0] == {}
+    assert server_tier.version_env(srv, "0.5.23")[0] == {"X": "1"}
+    assert server_tier.version_env(srv, "0.5.10.post1")[0] == {"Y": "1"}
+    assert server_tier.version_env(srv, "0.5.9")[0] == {} and server_tier.version_env(srv, "?")[0] == {}
     vp = {"median_of_records": {"verify_ms_median": 21.5}, "last": {"verify_ms_median": 30.0}}
     assert server_report.verify_ms_of(vp) == 21.5
     assert server_report.verify_ms_of({"last": {"verify_ms": {"median": 7.0}}}) == 7.0
     assert server_report.verify_ms_of(None) is None
-    from sglpatch.gpu.server_ab import install_label
+    from sglpatch.gpu.server.ab import install_label
 
     assert install_label(str(Path.home() / "ml-env" / "bin" / "python3"), "0.5.9") == "0.5.9 (~/ml-env)"
 
@@ -228,9 +228,9 @@ def test_ab_usage_errors(tmp_path):
 
 
 def test_target_profile_turns_pcie_ipc_on_from_0521():
-    from sglpatch.gpu import profiles
+    from sglpatch.gpu.shared import profile as profiles
 
     prof = profiles.load_profile(Path(__file__).resolve().parents[1] / "targets" / "rtx6000x8-kimi-k25.toml")
-    env, why = regress_server.version_env(prof["server"], "0.5.23")
+    env, why = server_tier.version_env(prof["server"], "0.5.23")
     assert env == {"SGLANG_ENABLE_PCIE_IPC_ALLREDUCE": "1", "SGLANG_ENABLE_PCIE_CUSTOM_AR": "0"} and why
-    assert regress_server.version_env(prof["server"], "0.5.9")[0] == {}
+    assert server_tier.version_env(prof["server"], "0.5.9")[0] == {}

@@ -17,9 +17,10 @@ import pytest
 from conftest import SERIES, copy_project
 
 from sglpatch.errors import SglpatchError
-from sglpatch.gpu import profiles, regress
-from sglpatch.gpu import server as regress_server
-from sglpatch.gpu import server_report
+from sglpatch.gpu import regress
+from sglpatch.gpu.shared import profile as profiles
+from sglpatch.gpu.server import mode as regress_server
+from sglpatch.gpu.server import report as server_report
 
 ROOT = Path(__file__).resolve().parents[1]
 STANDIN = ROOT / "tests" / "standin_server.py"

@@ -10,7 +10,13 @@ import sys
 import textwrap
 from pathlib import Path
 
-from sglpatch.gpu import mode_requires, profiles, regress, server
+from sglpatch.gpu import regress
+
+from sglpatch.gpu.server import modes as mode_requires
+
+from sglpatch.gpu.shared import profile as profiles
+
+from sglpatch.gpu.server import mode as server_mode
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -28,7 +34,7 @@ def test_the_levers_are_modes_of_the_target():
     assert modes["no_spec_ep8_mooncake"]["requires_import"] == ["mooncake.ep"]
     assert modes["no_spec_cgbs1"]["args"] == ["--cuda-graph-max-bs", "1"]
     # the mode's --cuda-graph-max-bs comes after launch_args' 8, so it is the one SGLang keeps
-    cmd = server.server_command(srv, modes["eagle3_cgbs1"], "py")
+    cmd = server_mode.server_command(srv, modes["eagle3_cgbs1"], "py")
     last = max(i for i, a in enumerate(cmd) if a == "--cuda-graph-max-bs")
     assert cmd[last + 1] == "1" and cmd.count("--cuda-graph-max-bs") == 2
     for name in ("no_spec_pcie_ipc_off", "eagle3_pcie_ipc_off"):
@@ -82,7 +88,7 @@ def test_a_tier_whose_modes_cannot_run_here_says_why_and_loads_nothing(tmp_path)
 def test_pcie_ipc_modes_for_both_lines_and_whose_pcie_ipc_serves(tmp_path):
     """no_spec_nccl / no_spec_pcie_ipc (and the eagle3 pair) run on 0.5.9 + P5 and on 0.5.23; a
     *_pcie_ipc mode needs a PCIe-IPC adapter in the served sglang (P5, or >= 0.5.22) and says so."""
-    from sglpatch.gpu import served as served_mod
+    from sglpatch.gpu.shared import served as served_mod
 
     modes = {m["name"]: m for m in target()["server"]["modes"]}
     for line in ("no_spec", "eagle3"):
@@ -120,8 +126,8 @@ def test_pcie_ipc_modes_for_both_lines_and_whose_pcie_ipc_serves(tmp_path):
 
 def test_p5s_own_lines_are_the_allreduce_evidence(tmp_path):
     """P5 prints 0.5.23's start-up line; on an install that carries P5 its PCIe-IPC is named P5's."""
-    from sglpatch.gpu.allreduce_evidence import IPC_NAME, NCCL_NAME, P5_IPC_NAME, allreduce_backend, describe
-    from sglpatch.gpu.server_ab import install_label
+    from sglpatch.gpu.server.evidence import IPC_NAME, NCCL_NAME, P5_IPC_NAME, allreduce_backend, describe
+    from sglpatch.gpu.server.ab import install_label
 
     on = ("[2026-12-03 TP0] PCIe-IPC allreduce on 8 GPUs for bf16 reductions up to 21504 elements (3 rows of 7168, "
           "captured batch 1 x 3 tokens); larger ones stay on the next backend.")

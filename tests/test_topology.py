@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from sglpatch.gpu import topology
+from sglpatch.gpu.shared import topology
 
 FIX = Path(__file__).parent / "fixtures" / "topo"
 

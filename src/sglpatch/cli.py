@@ -1,7 +1,7 @@
 """Command line: the parser assembled from each command's module, and main (the one-line errors
 and exit codes). Each command's arguments and run function live next to its work: stack_cmd
 (apply, export, status, check, lock), bisect_cli, rebase_cli, watch_cli, and in the GPU suite
-sglpatch.gpu: profile_report, regress, doctor; cliargs holds what they share."""
+verify_profile (P4's report), sglpatch.gpu: regress, doctor; cliargs holds what they share."""
 
 from __future__ import annotations
 
@@ -72,7 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _add_profile_report(sub) -> None:
-    from sglpatch.gpu import profile_report
+    from sglpatch import verify_profile as profile_report
 
     p = sub.add_parser("profile-report", help="summarize an EAGLE cycle profile (SGLANG_VERIFY_PROFILE_FILE, patch 0004)",
                        description=profile_report.DESCRIPTION)
@@ -93,7 +93,7 @@ def _add_regress(sub) -> None:
 
 
 def _add_doctor(sub) -> None:
-    from sglpatch.gpu import doctor
+    from sglpatch.gpu.doctor import run as doctor
 
     p = sub.add_parser("doctor", help="check the box before a load: stale GPU processes, the serving Python, "
                        "NCCL settings, driver, P2P per GPU pair, free memory (run it first on a new box)",

@@ -41,7 +41,7 @@ def _project(tmp_path: Path, backends: list[str], p2p: bool, required: list[str]
 
 
 def test_every_present_backend_is_measured_and_correct(tmp_path):
-    from sglpatch.gpu.kernel_bench import ALL_BACKENDS
+    from sglpatch.gpu.kernel.bench import ALL_BACKENDS
 
     proj = _project(tmp_path, ALL_BACKENDS, True, ["nccl", "nccl_p2p_off"])
     res = regress.run_regress("kernel", "g", str(tmp_path / "r"), str(proj))

@@ -1,12 +1,20 @@
-"""The GPU suite: `regress` (tiers cpu / kernel / server, report.json + report.md), its
-profiles, process control and report (`profiles`, `procs`, `report`), the tiers (`tier_cpu`,
-`kernel` with `kernel_launch`, `kernel_md`, `decision` and `topology`; `server`, the run, with
-`server_report`, what it left read back and written, `served`, which sglang an interpreter
-imports, and `mode_requires`), `kernel_bench` (the worker under torchrun, with its parts in
-`kbench`: only the standard library, torch and this package), `profile_report` (P4's JSONL)
-and `plot`.
+"""The GPU suite, as its tiers, with `regress` on top choosing them.
 
-It sees the series side only through `series_side` (which patches an installed workdir
+- `regress`: the flags, the profile and the Python(s) under test resolved once into one
+  `shared.plan.RunPlan`; each tier asked in turn through its face (`check`, `run`, `report`);
+  report.json + report.md.
+- `cpu/`: the patch tests against the installed, patched sglang.
+- `kernel/`: allreduce latency and correctness per backend and install (`tier`, `launch`, `md`,
+  `decision`), and its worker under torchrun (`bench`, with its parts in `kbench/`: only the
+  standard library, torch and this package).
+- `server/`: the patched server mode by mode (`tier`, `mode`, `modes`, `report`, `evidence`),
+  and `--ab` (`ab`).
+- `doctor/`: `sglpatch doctor`, and the gate before a server-tier load.
+- `shared/`: what every tier uses: the plan and the face (`plan`), the target profiles
+  (`profile`), managed processes (`procs`), the report (`report`), plots (`plot`), which sglang
+  an interpreter serves (`served`), the GPU topology (`topology`), and `series_side`.
+
+It sees the series side only through `shared.series_side` (which patches an installed workdir
 carries), imported lazily, so the suite also runs on a GPU box without GitPython. Nothing here
-imports `sglpatch.cli`.
+imports `sglpatch.cli`. P4's verify-cycle report is `sglpatch.verify_profile` (any machine).
 """

@@ -23,10 +23,13 @@ from pathlib import Path
 
 from sglpatch import exitcodes, pyenv
 from sglpatch.errors import SglpatchError
-from sglpatch.gpu.kernel import tier_kernel
-from sglpatch.gpu.profiles import expand, find_project_root, load_profile, resolve_profile_path, usage_error
-from sglpatch.gpu.report import write_report
-from sglpatch.gpu.tier_cpu import cpu_python, tier_cpu
+from sglpatch.gpu.cpu.tier import CpuTier
+from sglpatch.gpu.kernel.tier import KernelTier
+from sglpatch.gpu.server.ab import ServerABTier
+from sglpatch.gpu.server.tier import ServerTier
+from sglpatch.gpu.shared.plan import RunPlan, Tier
+from sglpatch.gpu.shared.profile import expand, find_project_root, load_profile, resolve_profile_path, usage_error
+from sglpatch.gpu.shared.report import write_report
 
 TIERS = ("cpu", "kernel", "server")
 EXIT_PASS, EXIT_FAIL, EXIT_CANNOT_RUN = exitcodes.OK, exitcodes.ERROR, exitcodes.CANNOT_RUN
@@ -61,60 +64,52 @@ def run_regress(tier: str = "all", profile: str | None = None, report: str | Non
         for t in ("kernel", "server"):
             if prof.get(t):
                 prof[t]["python"] = python
-    cpu_py, cpu_from = cpu_python(prof, python if len(pythons) == 1 else None,
-                                  Path(workdir).expanduser() if workdir else None)
     started = datetime.datetime.now(datetime.timezone.utc)
     report_dir = Path(report) if report else Path.cwd() / f"regress-{started.strftime('%Y%m%d-%H%M%S')}"
     report_dir = report_dir.resolve()
+    plan = RunPlan(profile=prof, profile_path=prof_path, project=proj, report_dir=report_dir,
+                   base_env={**os.environ, **{k: str(v) for k, v in prof["env"].items()}}, python=python,
+                   workdir=Path(workdir).expanduser() if workdir else None,
+                   baseline=Path(baseline) if baseline else None, stress=stress, quick=quick,
+                   with_profile=with_profile, modes=modes, parity_with=parity_with, ab=ab, doctor=doctor)
     existed = report_dir.exists()
     report_dir.mkdir(parents=True, exist_ok=True)
     try:
-        return _run_tiers(tier, prof, prof_path, proj, report_dir, baseline, argv, stress, modes, parity_with, ab,
-                          cpu_py, cpu_from, started, doctor=doctor, python=python, quick=quick, with_profile=with_profile)
+        return _run_tiers(plan, tier, argv, started)
     except BaseException:
         if not existed and report_dir.is_dir() and not any(report_dir.iterdir()):
             report_dir.rmdir()  # a run stopped before it wrote anything leaves no empty folder
         raise
 
 
-def _run_tiers(tier, prof, prof_path, proj, report_dir, baseline, argv, stress, modes, parity_with, ab, cpu_py, cpu_from,
-               started, doctor=False, python=None, quick=False, with_profile=None) -> dict:
-    base_env = dict(os.environ)
-    base_env.update({k: str(v) for k, v in prof["env"].items()})
-    wanted = list(TIERS) if tier == "all" else [tier]
-    results = []
-    for t in TIERS:
-        if t not in wanted:
-            continue
-        if t == "cpu":
-            results.append(tier_cpu(prof, proj, report_dir, base_env, cpu_py, cpu_from))
-        elif t == "kernel":
-            results.append(tier_kernel(prof, proj, report_dir, base_env, Path(baseline) if baseline else None,
-                                       stress=stress, python=python, quick=quick, with_profile=with_profile))
-        else:
-            from sglpatch.gpu.server import tier_server
-            from sglpatch.gpu.server_ab import tier_server_ab
+def tier_classes(plan: RunPlan, tier: str) -> list[type[Tier]]:
+    """The tiers asked for, in their order: cpu, kernel, server (or the server tier's A/B run)."""
+    known = {"cpu": CpuTier, "kernel": KernelTier, "server": ServerABTier if plan.ab else ServerTier}
+    return [known[t] for t in TIERS if tier in ("all", t)]
 
-            if ab:
-                results.append(tier_server_ab(prof, proj, report_dir, base_env, ab, modes=modes,
-                                              parity_with=parity_with, doctor=doctor))
-            else:
-                results.append(tier_server(prof, proj, report_dir, base_env, modes=modes, parity_with=parity_with,
-                                           doctor=doctor))
+
+def _run_tiers(plan: RunPlan, tier: str, argv: list[str] | None, started: datetime.datetime) -> dict:
+    results = []
+    for cls in tier_classes(plan, tier):
+        t = cls(plan)  # each tier: check, run if it can, report
+        if t.check():
+            t.run()
+        results.append(t.report())
     if any(r.status == "fail" for r in results):
         status, code = "fail", EXIT_FAIL
     elif any(r.status == "pass" for r in results) and (tier == "all" or results[0].status == "pass"):
         status, code = "pass", EXIT_PASS
     else:
         status, code = "cannot_run", EXIT_CANNOT_RUN
+    prof = plan.profile
     doc = {"schema": "sglpatch.regress/1", "status": status, "exit_code": code,
            "command": shlex.join(argv) if argv else f"sglpatch regress --tier {tier}",
            "cwd": os.getcwd(), "started_utc": started.isoformat(timespec="seconds"),
            "finished_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-           "profile": str(prof_path) if prof_path else None, "target": prof["target"],
-           "profile_env": prof["env"], "project": str(proj)}
-    write_report(report_dir, doc, results)
-    return {"status": status, "exit_code": code, "report_dir": str(report_dir),
+           "profile": str(plan.profile_path) if plan.profile_path else None, "target": prof["target"],
+           "profile_env": prof["env"], "project": str(plan.project)}
+    write_report(plan.report_dir, doc, results)
+    return {"status": status, "exit_code": code, "report_dir": str(plan.report_dir),
             "tiers": [(r.name, r.status, r.summary, r.failures, r.data.get("cannot_run")) for r in results]}
 
 

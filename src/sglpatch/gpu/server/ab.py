@@ -14,12 +14,13 @@ import os
 from pathlib import Path
 
 from sglpatch.errors import say
-from sglpatch.gpu.allreduce_evidence import describe
-from sglpatch.gpu.profiles import expand, usage_error
-from sglpatch.gpu.report import TierResult, fmt
-from sglpatch.gpu.served import imported_sglang, pcie_ipc_server
-from sglpatch.gpu.server import tier_server
-from sglpatch.gpu.server_report import verify_ms_of
+from sglpatch.gpu.server.evidence import describe
+from sglpatch.gpu.shared.profile import expand, usage_error
+from sglpatch.gpu.shared.report import TierResult, fmt
+from sglpatch.gpu.shared.served import imported_sglang, pcie_ipc_server
+from sglpatch.gpu.server.tier import ServerTier
+from sglpatch.gpu.shared.plan import Tier
+from sglpatch.gpu.server.report import verify_ms_of
 
 # (key in a side's row, label, digits); B/A is given for each
 METRICS = (("single_stream_tok_s", "single-stream tok/s (1000/median TPOT)", 1),
@@ -62,33 +63,51 @@ def ratio(a, b) -> float | None:
     return None
 
 
-def tier_server_ab(prof: dict, project: Path, report_dir: Path, base_env: dict, ab: str,
-                   modes: str | None = None, parity_with: str | None = None, doctor: bool = False) -> TierResult:
-    if parity_with:
-        raise usage_error("--ab and --parity-with do not go together: compare the two installs with --ab alone")
-    pythons = parse_ab(ab)
-    srv = prof.get("server")
-    if not srv:
-        return tier_server(prof, project, report_dir, base_env, modes=modes)
-    # both installs are checked before A's first (hour-long) load, not after it
-    for key, python in zip(("A", "B"), pythons):
-        if not (Path(python).is_file() and os.access(python, os.X_OK)):
-            raise usage_error(f"--ab: {key}'s interpreter {python} is not an executable file")
-        by = imported_sglang(python, base_env, project)
-        if by.get("error"):
-            raise usage_error(f"--ab: {key} ({python}): {by['error']}")
-    sides = []
-    for key, python in zip(("A", "B"), pythons):
-        side_dir = report_dir / key
-        side_dir.mkdir(parents=True, exist_ok=True)
-        say(f"regress: server tier, side {key}: {python}")
-        side_prof = {**prof, "server": {**srv, "python": python}}
-        t = tier_server(side_prof, project, side_dir, base_env, modes=modes,
-                        side_env=srv.get("ab", {}).get(key.lower(), {}).get("env") or {}, doctor=doctor)
-        by = t.data.get("served_by", {})
-        label = f"{key}: {install_label(python, by.get('sglang_version'), pcie_ipc_server(by) == 'P5')}"
-        sides.append({"side": key, "label": label, "python": python, "dir": key, "tier": t})
-    return combine(sides)
+class ServerABTier(Tier):
+    """The server tier once per install (A, then B), each a ServerTier of its own, one comparison."""
+
+    name = "server"
+
+    def check(self) -> bool:
+        plan = self.plan
+        if plan.parity_with:
+            raise usage_error("--ab and --parity-with do not go together: compare the two installs with --ab alone")
+        self.pythons = parse_ab(plan.ab)
+        if not plan.profile.get("server"):
+            side = ServerTier(plan)
+            side.check()
+            self.result = side.result
+            return False
+        # both installs are checked before A's first (hour-long) load, not after it
+        for key, python in zip(("A", "B"), self.pythons):
+            if not (Path(python).is_file() and os.access(python, os.X_OK)):
+                raise usage_error(f"--ab: {key}'s interpreter {python} is not an executable file")
+            by = imported_sglang(python, plan.base_env, plan.project)
+            if by.get("error"):
+                raise usage_error(f"--ab: {key} ({python}): {by['error']}")
+        return True
+
+    def run(self) -> None:
+        plan = self.plan
+        srv = plan.profile["server"]
+        self.sides = []
+        for key, python in zip(("A", "B"), self.pythons):
+            side_dir = plan.report_dir / key
+            side_dir.mkdir(parents=True, exist_ok=True)
+            say(f"regress: server tier, side {key}: {python}")
+            side_plan = plan.replace(profile={**plan.profile, "server": {**srv, "python": python}}, report_dir=side_dir)
+            side = ServerTier(side_plan, side_env=srv.get("ab", {}).get(key.lower(), {}).get("env") or {})
+            if side.check():
+                side.run()
+            t = side.report()
+            by = t.data.get("served_by", {})
+            label = f"{key}: {install_label(python, by.get('sglang_version'), pcie_ipc_server(by) == 'P5')}"
+            self.sides.append({"side": key, "label": label, "python": python, "dir": key, "tier": t})
+
+    def report(self) -> TierResult:
+        if getattr(self, "sides", None):
+            self.result = combine(self.sides)
+        return self.result
 
 
 def combine(sides: list[dict]) -> TierResult:

@@ -19,10 +19,10 @@ import re
 import sys
 from pathlib import Path
 
-from sglpatch.gpu.procs import run_step, tail
-from sglpatch.gpu.profiles import expand, usage_error
+from sglpatch.gpu.shared.procs import run_step, tail
+from sglpatch.gpu.shared.profile import expand, usage_error
 
-SRC_ROOT = Path(__file__).resolve().parents[2]  # the folder holding the sglpatch package
+SRC_ROOT = Path(__file__).resolve().parents[3]  # the folder holding the sglpatch package
 HANG_LINE = re.compile(r"\[kernel_bench\] HANG .*")
 QUICK = {"samples": 8, "inner": 4, "warmup": 2}
 MAX_RELAUNCHES = 4
@@ -59,7 +59,7 @@ def quick_sizes(prof: dict) -> list[int]:
 
 
 def worker_env(env: dict) -> dict:
-    """The worker imports sglpatch.gpu.kbench from this checkout (stdlib + torch only)."""
+    """The worker imports sglpatch.gpu.kernel.kbench from this checkout (stdlib + torch only)."""
     out = dict(env)
     out["PYTHONPATH"] = str(SRC_ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     out.setdefault("PYTHONUNBUFFERED", "1")
@@ -94,7 +94,7 @@ def kernel_launches(prof: dict, world_size: int, report_dir: Path, interp: dict,
     k = prof["kernel"]
     py, key = interp["python"], interp["key"]
     torchrun = [py, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(world_size),
-                "-m", "sglpatch.gpu.kernel_bench", *common_args(prof, quick)]
+                "-m", "sglpatch.gpu.kernel.bench", *common_args(prof, quick)]
     tag = "" if key == "A" else f"-{key}"
     launches = [{"name": f"main{tag}", "env": {}, "unset": [], "backends": list(k["backends"]), "suffix": "",
                  "cmd": torchrun}]

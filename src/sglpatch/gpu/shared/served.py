@@ -1,6 +1,6 @@
 """What an interpreter serves: which sglang it imports (file, version) and, when that is an
 sglpatch workdir (<workdir>/python/sglang), the patches it carries; and a version as a tuple.
-The server tier, its A/B run, `mode_requires` and `sglpatch doctor` ask here."""
+The server tier, its A/B run, `server.modes` and `sglpatch doctor` ask here."""
 
 from __future__ import annotations
 
@@ -52,7 +52,7 @@ def imported_sglang(python: str, env: dict, project: Path) -> dict:
     try:
         if not (project / "series").is_file():
             raise RuntimeError(f"no sglpatch series in {project} (pass --project)")
-        from sglpatch.gpu.series_side import patches_of
+        from sglpatch.gpu.shared.series_side import patches_of
 
         out.update(patches_of(project, workdir))
     except Exception as e:  # noqa: BLE001 — a record, not a verdict (GitPython may be absent on the box)

@@ -26,7 +26,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from sglpatch.gpu.profiles import usage_error
+from sglpatch.gpu.shared.profile import usage_error
 
 DEFAULTS = {"layers": 61, "reductions_per_layer": 2, "batch_size": 1, "draft_tokens": 3,
             "decode_step_ms": 12.2, "spec_cycle_ms": 30.0, "accept_lengths": [2.0, 2.5, 3.0],

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import os
 
-from sglpatch.gpu.kbench.common import RMS_EPS, Backend, FusedBackend, Unavailable, import_first
+from sglpatch.gpu.kernel.kbench.common import RMS_EPS, Backend, FusedBackend, Unavailable, import_first
 
 
 def _dist_version(name: str) -> str:

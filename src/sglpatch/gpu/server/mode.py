@@ -1,18 +1,13 @@
-"""Tier server, the run: the patched SGLang server, measured with SGLang's own `bench_serving`.
+"""Tier server, one mode: launch the patched SGLang server, wait for `/health`, run SGLang's own
+`bench_serving` against it, stop every process started, and read back what the run left.
 
-For each selected `[[server.modes]]`: launch the server (own session, profile env), wait for
-`/health` reacting only to real crash lines, run
+Launch in its own session with the profile's env; `/health` is waited for reacting only to real
+crash lines (`CrashScanner`); the benchmark is
 
     python -m sglang.bench_serving --backend sglang --dataset-name custom --apply-chat-template
         --max-concurrency 1 --flush-cache --warmup-requests N --output-file bench-MODE.jsonl ...
 
-from the same interpreter that serves (so the installed, patched sglang's tool), stop every
-process started.  What the run left is read and reported by `server_report`: bench_serving's
-JSONL (never its stdout) with SGLang's metrics by their names plus the derived single-stream
-tok/s = 1000 / median TPOT, which is what the profile's baseline (82 tok/s) is compared with;
-what served (`/get_server_info`, the patches the imported sglang carries, the env); and output
-parity between pairs of modes (`[[server.parity]]`) or against an earlier report
-(`--parity-with`): greedy outputs that differ fail the tier and the first difference is shown.
+from the same interpreter that serves (so the installed, patched sglang's tool).
 """
 
 from __future__ import annotations
@@ -23,31 +18,15 @@ import http.client
 import json
 import re
 import socket
-import sys
 import time
 import urllib.error
 import urllib.request
 from pathlib import Path
 
-from sglpatch.gpu.allreduce_evidence import allreduce_backend
-from sglpatch.gpu.doctor import gate_server
-from sglpatch.gpu.mode_requires import split
-from sglpatch.gpu.procs import ManagedProcess, tail
-from sglpatch.gpu.profiles import expand, usage_error
-from sglpatch.gpu.report import TierResult
-from sglpatch.gpu.served import imported_sglang, pcie_ipc_server, version_tuple
-from sglpatch.gpu.server_report import (
-    bench_metrics,
-    mode_table,
-    num_requests,
-    parity_checks,
-    read_bench,
-    read_verify_profile,
-    served_summary,
-    tier_markdown,
-    tier_summary,
-    token_differ,
-)
+from sglpatch.gpu.server.evidence import allreduce_backend
+from sglpatch.gpu.server.report import bench_metrics, num_requests, read_bench, read_verify_profile, served_summary
+from sglpatch.gpu.shared.procs import ManagedProcess, tail
+from sglpatch.gpu.shared.profile import expand
 
 # =========================================================================== launch + health
 
@@ -198,22 +177,6 @@ def run_bench(server: ManagedProcess, scanner: CrashScanner, cmd: list[str], env
 # =========================================================================== env by sglang version
 
 
-def version_env(srv: dict, version: str | None) -> tuple[dict, list[str]]:
-    """The env [[server.version_env]] adds for this sglang version, and why (one line per rule)."""
-    env, why = {}, []
-    have = version_tuple(version)
-    if not have:
-        return env, why
-    for rule in srv.get("version_env", []):
-        lo, hi = version_tuple(rule["min_version"]), version_tuple(rule.get("max_version"))
-        if have >= lo and (not hi or have < hi):
-            env.update({k: str(v) for k, v in rule["env"].items()})
-            why.append(f"sglang {version} >= {rule['min_version']}"
-                       + (f" and < {rule['max_version']}" if hi else "") + f": {rule['env']}"
-                       + (f" ({rule['why']})" if rule.get("why") else ""))
-    return env, why
-
-
 # =========================================================================== one mode
 
 
@@ -299,75 +262,3 @@ def run_server_mode(srv: dict, mode: dict, report_dir: Path, base_env: dict, pyt
             out["error"] = (out.get("error", "") + f"; processes {survivors} survived the stop").lstrip("; ")
         out["verify_profile"] = read_verify_profile(vp)
         out["allreduce"] = allreduce_backend(log, env, cmd, ipc_by)
-
-
-# =========================================================================== the tier
-
-
-def select_modes(srv: dict, modes: str | None) -> list[dict]:
-    if not modes:
-        return [m for m in srv["modes"] if not m.get("optional")]
-    names = [x.strip() for x in modes.split(",") if x.strip()]
-    if names == ["all"]:
-        return list(srv["modes"])
-    known = {m["name"]: m for m in srv["modes"]}
-    bad = [n for n in names if n not in known]
-    if bad:
-        raise usage_error(f"--modes: unknown mode(s) {bad}; the profile has {sorted(known)}")
-    return [known[n] for n in names]
-
-
-def tier_server(prof: dict, project: Path, report_dir: Path, base_env: dict, modes: str | None = None,
-                parity_with: str | None = None, side_env: dict | None = None, doctor: bool = False) -> TierResult:
-    """side_env: the env of one side of an A/B run (server_ab), over [server.env] and the
-    version rules, under each mode's env. doctor: `sglpatch doctor` first; a failed check refuses the load."""
-    tr = TierResult("server")
-    srv = prof.get("server")
-    if not srv:
-        tr.status = "cannot_run"
-        tr.summary = f"profile {prof.get('_path') or '(none)'} has no [server] section"
-        return tr
-    selected = select_modes(srv, modes)
-    old = None
-    if parity_with:
-        old_path = Path(parity_with) / "report.json"
-        if not old_path.is_file():
-            raise usage_error(f"--parity-with {parity_with}: no report.json there")
-        old = json.loads(old_path.read_text())
-    bench = srv["benchmark"]
-    if num_requests(bench) > len(bench["prompts"]) or num_requests(bench) < 1:
-        raise usage_error(f"[server.benchmark] num_requests = {num_requests(bench)} needs as many distinct prompts "
-                     f"(has {len(bench['prompts'])}); repeated prompts would hit the radix cache")
-    python = expand(srv["python"] or sys.executable)
-    if doctor:
-        refused = gate_server(prof, python, project, report_dir, {**base_env, **srv.get("env", {})})
-        if refused is not None:
-            return refused
-    prompts_file = report_dir / "bench-prompts.jsonl"
-    digest = write_prompts(prompts_file, bench["prompts"])
-    tr.data["prompts"] = {"file": prompts_file.name, "sha": digest, "count": len(bench["prompts"])}
-    tr.data["profile_env"] = prof.get("env", {})
-    tr.data["served_by"] = imported_sglang(python, base_env, project)
-    venv, why = version_env(srv, tr.data["served_by"].get("sglang_version"))
-    if venv or side_env:
-        srv = {**srv, "env": {**srv.get("env", {}), **venv, **{k: str(v) for k, v in (side_env or {}).items()}}}
-    tr.data["version_env"] = why
-    tr.data["side_env"] = side_env or {}
-    # a mode's requires_import / min_sglang, before any load
-    selected, tr.data["skipped_modes"] = split(selected, python, base_env, tr.data["served_by"].get("sglang_version"),
-                                               tr.data["served_by"])
-    if not selected:
-        tr.status, tr.summary = "cannot_run", "; ".join(f"{m['mode']}: {m['why']}" for m in tr.data["skipped_modes"])
-        return tr
-    ipc_by = pcie_ipc_server(tr.data["served_by"])
-    results = [run_server_mode(srv, mode, report_dir, base_env, python, prompts_file, ipc_by) for mode in selected]
-    tr.data["modes"] = results
-    tr.md = mode_table(tr, srv, selected, results)
-    first_token = token_differ(python, expand(bench.get("tokenizer") or srv["model_path"]), base_env)
-    tr.data["parity"] = parity_checks(tr, srv, report_dir, results, old, parity_with, digest, first_token)
-    tr.md += tier_markdown(srv, tr.data)
-    if tr.status != "fail":
-        tr.status = "pass"
-    tr.summary = tier_summary(results, tr.data["parity"])
-    return tr
-

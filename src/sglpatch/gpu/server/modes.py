@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import subprocess
 
-from sglpatch.gpu.served import pcie_ipc_server, version_tuple
+from sglpatch.gpu.shared.served import pcie_ipc_server, version_tuple
 
 NATIVE_PCIE_IPC = "0.5.22"  # 0.5.21 ships pcie_ipc_ar.py, but its flashinfer 0.6.18 has no PCIe-IPC module
 

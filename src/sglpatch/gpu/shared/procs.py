@@ -8,7 +8,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from sglpatch.gpu.profiles import usage_error
+from sglpatch.gpu.shared.profile import usage_error
 from sglpatch.proctree import Tree
 
 

@@ -17,11 +17,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from sglpatch.gpu import topology
-from sglpatch.gpu.doctor_checks import Check
+from sglpatch.gpu.shared import topology
+from sglpatch.gpu.doctor.checks import Check
 from sglpatch.proctree import Tree
 
-P2P_PROBE = Path(__file__).with_name("doctor_p2p_probe.py")
+P2P_PROBE = Path(__file__).with_name("p2p_probe.py")
 # SGLang refuses TP when a GPU has < 0.9 x the free memory of another ("The memory capacity is unbalanced":
 # 0.5.9 srt/model_executor/model_runner.py, 0.5.23 srt/distributed/bootstrap.py), unless
 # SGLANG_ENABLE_TP_MEMORY_INBALANCE_CHECK is off (then only a warning)

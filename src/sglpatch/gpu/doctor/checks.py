@@ -1,7 +1,7 @@
 """`sglpatch doctor`, checks 2 and 3: the Python that serves, and the driver and toolkits.
 
 Each function turns facts into one `Check`; the facts come from a child run of the serving
-interpreter (`doctor_probe.py`, so its start-up files count), from `served.imported_sglang`
+interpreter (`probe.py`, so its start-up files count), from `served.imported_sglang`
 (which sglang, which patches its workdir carries: the series side's status), and from the box
 (nvidia-smi through `sglpatch.preflight`'s rules, /dev/shm, /proc/meminfo).
 """
@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from sglpatch import preflight
-from sglpatch.gpu.served import pcie_ipc_server
+from sglpatch.gpu.shared.served import pcie_ipc_server
 
-PROBE = Path(__file__).with_name("doctor_probe.py")
+PROBE = Path(__file__).with_name("probe.py")
 STATES = ("ok", "warn", "fail", "skip")
 SHM_FLOOR = 1 << 30  # Docker's 64 MiB default makes NCCL crash in ncclShmOpen (pytorch/tutorials#2475 uses 2 GiB)
 JOBS_NO_SWAP = 20  # the user's box (no swap) stays up with -j20 or less
@@ -50,7 +50,7 @@ def from_preflight(c: preflight.Check, fail_state: str = "fail") -> Check:
 
 
 def probe_python(python: str, env: dict, timeout: float = 300.0) -> dict:
-    """What the serving interpreter sees (doctor_probe.py's JSON), or {"error": ...}."""
+    """What the serving interpreter sees (probe.py's JSON), or {"error": ...}."""
     try:
         p = subprocess.run([python, str(PROBE)], env=env, capture_output=True, text=True, timeout=timeout,
                            stdin=subprocess.DEVNULL)

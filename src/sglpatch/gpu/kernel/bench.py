@@ -4,12 +4,12 @@ One process per GPU, started by torchrun (or anything that sets RANK / WORLD_SIZ
 LOCAL_RANK / MASTER_ADDR / MASTER_PORT), with the sglpatch package importable (PYTHONPATH=src;
 sglpatch's own dependencies, GitPython included, are not needed):
 
-    PYTHONPATH=src torchrun --standalone --nproc-per-node 8 -m sglpatch.gpu.kernel_bench --out kb.json
-    torchrun --standalone --nproc-per-node 2 src/sglpatch/gpu/kernel_bench.py --out kb.json
+    PYTHONPATH=src torchrun --standalone --nproc-per-node 8 -m sglpatch.gpu.kernel.bench --out kb.json
+    torchrun --standalone --nproc-per-node 2 src/sglpatch/gpu/kernel/bench.py --out kb.json
 
 It imports only the standard library and torch; every optional library (sglang, sgl_kernel,
 flashinfer, mscclpp) is imported inside its backend, guarded: a backend that does not import
-is listed under "absent" with the reason (the backends: sglpatch.gpu.kbench).
+is listed under "absent" with the reason (the backends: sglpatch.gpu.kernel.kbench).
 
 For every backend present and every size in --sizes (rows x --hidden, bf16) it measures the
 allreduce eager and captured in a CUDA graph (like SGLang's decode), and checks every output
@@ -29,7 +29,7 @@ so a launch that hangs or dies keeps what it measured; a step (set-up, one size 
 makes no progress for --step-timeout s ends the run with a HANG line (exit 3).
 
 --stress N instead: every non-NCCL backend, N allreduces eager and N as CUDA-graph replays, each
-result compared exactly with NCCL (sglpatch.gpu.kbench.stress).
+result compared exactly with NCCL (sglpatch.gpu.kernel.kbench.stress).
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ import sys
 if __name__ == "__main__":  # run as a file: our folder must not shadow stdlib modules; src must be importable
     _here = os.path.dirname(os.path.abspath(__file__))
     sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _here]
-    sys.path.insert(0, os.path.dirname(os.path.dirname(_here)))
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(_here))))
 
 import argparse
 import datetime
@@ -50,11 +50,11 @@ import statistics
 import time
 import traceback
 
-from sglpatch.gpu.kbench.backends import ALL_BACKENDS, backend_class
-from sglpatch.gpu.kbench.common import Ctx, Watchdog, gather, percentile, set_up_backend
-from sglpatch.gpu.kbench.hardware import cpu_info, hardware_info, nvlink_from_topo
-from sglpatch.gpu.kbench.measure import measure
-from sglpatch.gpu.kbench.stress import (STRESS_DEFAULT_SIZES, STRESS_SCHEMA, MismatchRing, group_plan,
+from sglpatch.gpu.kernel.kbench.backends import ALL_BACKENDS, backend_class
+from sglpatch.gpu.kernel.kbench.common import Ctx, Watchdog, gather, percentile, set_up_backend
+from sglpatch.gpu.kernel.kbench.hardware import cpu_info, hardware_info, nvlink_from_topo
+from sglpatch.gpu.kernel.kbench.measure import measure
+from sglpatch.gpu.kernel.kbench.stress import (STRESS_DEFAULT_SIZES, STRESS_SCHEMA, MismatchRing, group_plan,
                                         merge_stress_ranks, parse_fault, run_stress, value_bound)
 
 # the names tests and older callers import from here
@@ -306,7 +306,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--samples and --inner must be positive")
     if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
         print("kernel_bench: run me under torchrun (RANK/WORLD_SIZE unset), e.g.\n"
-              "  PYTHONPATH=src torchrun --standalone --nproc-per-node 2 -m sglpatch.gpu.kernel_bench --out kb.json",
+              "  PYTHONPATH=src torchrun --standalone --nproc-per-node 2 -m sglpatch.gpu.kernel.bench --out kb.json",
               file=sys.stderr)
         return 2
     return run(args)

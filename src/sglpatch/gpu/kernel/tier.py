@@ -1,6 +1,6 @@
 """Tier kernel: allreduce latency per backend and install (kernel_bench under torchrun, in each
 interpreter of --python A[,B]), the topology, the crossover with NCCL, the decision table (which
-allreduce, and what EAGLE-3 would give: gpu/decision.py), a comparison with an earlier report,
+allreduce, and what EAGLE-3 would give: kernel/decision.py), a comparison with an earlier report,
 and --stress (every result compared exactly with NCCL)."""
 
 from __future__ import annotations
@@ -11,14 +11,17 @@ import subprocess
 import time
 from pathlib import Path
 
-from sglpatch.gpu import decision, kernel_launch, topology
-from sglpatch.gpu.kernel_launch import HANG_LINE, worker_env
-from sglpatch.gpu.kernel_md import hardware_line, kernel_markdown, stress_markdown  # noqa: F401 — re-exported
-from sglpatch.gpu.procs import ManagedProcess, tail
-from sglpatch.gpu.profiles import usage_error
-from sglpatch.gpu.report import TierResult
+from sglpatch.gpu.kernel import decision
+from sglpatch.gpu.kernel import launch as kernel_launch
+from sglpatch.gpu.shared import topology
+from sglpatch.gpu.kernel.launch import HANG_LINE, worker_env
+from sglpatch.gpu.kernel.md import hardware_line, kernel_markdown, stress_markdown  # noqa: F401 — re-exported
+from sglpatch.gpu.shared.plan import Tier
+from sglpatch.gpu.shared.procs import ManagedProcess, tail
+from sglpatch.gpu.shared.profile import usage_error
+from sglpatch.gpu.shared.report import TierResult
 
-KERNEL_BENCH = Path(__file__).with_name("kernel_bench.py")  # the worker, run as -m sglpatch.gpu.kernel_bench
+KERNEL_BENCH = Path(__file__).with_name("bench.py")  # the worker, run as -m sglpatch.gpu.kernel.bench
 
 
 def count_gpus(python: str, env: dict) -> tuple[int, str]:
@@ -47,7 +50,7 @@ def stress_launch(prof: dict, world_size: int, report_dir: Path, python: str, it
     k = prof["kernel"]
     out = report_dir / "kernel-stress.json"
     cmd = [python, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(world_size),
-           "-m", "sglpatch.gpu.kernel_bench", "--stress", str(iterations), "--stress-sizes", ",".join(map(str, k["stress_sizes"])),
+           "-m", "sglpatch.gpu.kernel.bench", "--stress", str(iterations), "--stress-sizes", ",".join(map(str, k["stress_sizes"])),
            "--hidden", str(k["hidden"]), "--backends", ",".join(k["stress_backends"]),
            "--modes", ",".join(k["stress_modes"]), "--stress-step-timeout", str(k["stress_step_timeout_s"]),
            "--out", str(out)]
@@ -200,7 +203,7 @@ def compare_kernel_baseline(rows: list[dict], base_doc: dict, hw: dict, tol: flo
 
 
 def topology_block(k: dict) -> dict:
-    """The topology section of the report (gpu/topology.py): class, NUMA per GPU, P2P, raw texts."""
+    """The topology section of the report (shared/topology.py): class, NUMA per GPU, P2P, raw texts."""
     topo, raw = topology.read(k.get("nvidia_smi") or "nvidia-smi")
     return topology.report(topo, raw)
 
@@ -271,74 +274,84 @@ def judge(tr: TierResult, k: dict, installs: list[dict], rows: list[dict], cpu_t
             tr.fail(f"{r['backend']}{tag} {r['mode']} [{r['rows']},{r['hidden']}] raised: {r.get('detail')}")
 
 
-def tier_kernel(prof: dict, project: Path, report_dir: Path, base_env: dict, baseline: Path | None = None,
-                stress: int | None = None, python: str | None = None, quick: bool = False,
-                with_profile: str | None = None) -> TierResult:
-    """Latency + correctness launches in each interpreter (`python`: "A[,B]", default [kernel]
-    python); with `stress` (iterations, -1 = the profile's stress_iterations) also the stress
+class KernelTier(Tier):
+    """Latency + correctness launches in each interpreter (--python "A[,B]", default [kernel]
+    python); with --stress (iterations, -1 = the profile's stress_iterations) also the stress
     launch (first interpreter).  `[kernel] device = "cpu"` (tests) runs under gloo on CPU: the
     latency launches, or with --stress only the stress launch."""
-    tr = TierResult("kernel")
-    k = prof["kernel"]
-    if not python and (missing := kernel_launch.missing_default(k)):
-        tr.status, tr.summary = "cannot_run", missing  # not a usage error: the user gave no --python
-        return tr
-    interps = kernel_launch.interpreters(k, python)
-    cfg = decision.config(prof)
-    spec_base = decision.baseline_from_report(with_profile) if with_profile else None
-    if with_profile and cfg is None:
-        raise usage_error("--with-profile needs a [kernel.decision] table in the profile (layers, step, cycle)")
-    env = dict(base_env)
-    env.update({kk: str(v) for kk, v in k.get("env", {}).items()})
-    if stress is not None and stress < 0:
-        stress = int(k["stress_iterations"])
-    cpu_test = k.get("device") == "cpu"
-    ws = world_size(k, interps[0]["python"], env, tr)
-    if ws is None:
-        return tr
-    latency = not (cpu_test and stress)
-    tr.data.update({"topology": topology_block(k), "hidden": k["hidden"], "world_size": ws, "latency_run": latency,
-                    "quick": quick, "sizes": kernel_launch.quick_sizes(prof) if quick else k["sizes"]})
-    installs, rows = [], []
-    for i, interp in enumerate(interps if latency else []):
-        inst, got = run_install(prof, ws, report_dir, project, env, interp, i == 0, quick, tr)
-        installs.append(inst)
-        rows += got
-    first = installs[0] if installs else {"hardware": {}, "absent": {}, "errors": {}, "key": "A"}
-    hw = first.get("hardware") or {}
-    tr.data.update({"hardware": hw, "results": rows, "absent": first["absent"], "errors": first["errors"],
-                    "installs": installs, "launches": [L for inst in installs for L in inst["launches"]]})
-    if installs:
-        judge(tr, k, installs, rows, cpu_test)
-    if stress:
-        tr.data["stress"] = run_stress_step(prof, ws, report_dir, interps[0]["python"], env, project, stress, tr)
-        hw = hw or tr.data["stress"].get("hardware") or {}
-        tr.data["hardware"] = hw
-    first_rows = [r for r in rows if r["install"] == first["key"]]
-    tr.data["crossover"] = {m: find_crossover(first_rows, m, k["hidden"]) for m in ("graph", "eager")}
-    if cfg and rows:
-        versions = {i["key"]: (i.get("hardware") or {}).get("versions") or {} for i in installs}
-        tr.data["decision"] = decision.project(rows, cfg, spec_base, versions)
-    base_path = baseline or (project / k["baseline"] if k.get("baseline") else None)
-    if base_path and Path(base_path).is_file():
-        cmp = compare_kernel_baseline(first_rows, json.loads(Path(base_path).read_text()), hw,
-                                      k["tolerance"], k["abs_floor_us"])
-        cmp["path"] = str(base_path)
-        tr.data["baseline"] = cmp
-        for reg in cmp["regressions"]:
-            tr.fail(f"slower than baseline: {reg}")
-    elif base_path:
-        tr.data["baseline"] = {"path": str(base_path), "note": "baseline file not found; nothing compared"}
-    from sglpatch.gpu.plot import plot_kernel
 
-    note = plot_kernel(tr.data, str(report_dir / "kernel.png")) if rows else "plot skipped: no results"
-    tr.data["plot"] = "kernel.png" if note is None else None
-    tr.data["plot_note"] = note
-    if tr.status != "fail":
-        tr.status = "pass"
-    tr.summary = summary(tr, installs, rows, ws, hw, stress)
-    tr.md = kernel_markdown(tr.data, prof)
-    return tr
+    name = "kernel"
+
+    def check(self) -> bool:
+        plan, tr = self.plan, self.result
+        k = self.k = plan.profile["kernel"]
+        if not plan.python and (missing := kernel_launch.missing_default(k)):
+            return self.cannot_run(missing)  # not a usage error: the user gave no --python
+        self.interps = kernel_launch.interpreters(k, plan.python)
+        self.cfg = decision.config(plan.profile)
+        self.spec_base = decision.baseline_from_report(plan.with_profile) if plan.with_profile else None
+        if plan.with_profile and self.cfg is None:
+            raise usage_error("--with-profile needs a [kernel.decision] table in the profile (layers, step, cycle)")
+        self.env = dict(plan.base_env)
+        self.env.update({kk: str(v) for kk, v in k.get("env", {}).items()})
+        self.stress = int(k["stress_iterations"]) if plan.stress is not None and plan.stress < 0 else plan.stress
+        self.cpu_test = k.get("device") == "cpu"
+        self.ws = world_size(k, self.interps[0]["python"], self.env, tr)
+        return self.ws is not None
+
+    def run(self) -> None:
+        plan, tr, k, ws = self.plan, self.result, self.k, self.ws
+        latency = not (self.cpu_test and self.stress)
+        tr.data.update({"topology": topology_block(k), "hidden": k["hidden"], "world_size": ws, "latency_run": latency,
+                        "quick": plan.quick, "sizes": kernel_launch.quick_sizes(plan.profile) if plan.quick else k["sizes"]})
+        installs, rows = [], []
+        for i, interp in enumerate(self.interps if latency else []):
+            inst, got = run_install(plan.profile, ws, plan.report_dir, plan.project, self.env, interp, i == 0,
+                                    plan.quick, tr)
+            installs.append(inst)
+            rows += got
+        first = installs[0] if installs else {"hardware": {}, "absent": {}, "errors": {}, "key": "A"}
+        hw = first.get("hardware") or {}
+        tr.data.update({"hardware": hw, "results": rows, "absent": first["absent"], "errors": first["errors"],
+                        "installs": installs, "launches": [L for inst in installs for L in inst["launches"]]})
+        if installs:
+            judge(tr, k, installs, rows, self.cpu_test)
+        if self.stress:
+            tr.data["stress"] = run_stress_step(plan.profile, ws, plan.report_dir, self.interps[0]["python"], self.env,
+                                                plan.project, self.stress, tr)
+            tr.data["hardware"] = hw or tr.data["stress"].get("hardware") or {}
+        first_rows = [r for r in rows if r["install"] == first["key"]]
+        tr.data["crossover"] = {m: find_crossover(first_rows, m, k["hidden"]) for m in ("graph", "eager")}
+        if self.cfg and rows:
+            versions = {i["key"]: (i.get("hardware") or {}).get("versions") or {} for i in installs}
+            tr.data["decision"] = decision.project(rows, self.cfg, self.spec_base, versions)
+        base_path = plan.baseline or (plan.project / k["baseline"] if k.get("baseline") else None)
+        if base_path and Path(base_path).is_file():
+            cmp = compare_kernel_baseline(first_rows, json.loads(Path(base_path).read_text()), tr.data["hardware"],
+                                          k["tolerance"], k["abs_floor_us"])
+            cmp["path"] = str(base_path)
+            tr.data["baseline"] = cmp
+            for reg in cmp["regressions"]:
+                tr.fail(f"slower than baseline: {reg}")
+        elif base_path:
+            tr.data["baseline"] = {"path": str(base_path), "note": "baseline file not found; nothing compared"}
+        self.installs, self.rows = installs, rows
+
+    def report(self) -> TierResult:
+        tr = self.result
+        if "results" not in tr.data:
+            return tr
+        from sglpatch.gpu.shared.plot import plot_kernel
+
+        rows = self.rows
+        note = plot_kernel(tr.data, str(self.plan.report_dir / "kernel.png")) if rows else "plot skipped: no results"
+        tr.data["plot"] = "kernel.png" if note is None else None
+        tr.data["plot_note"] = note
+        if tr.status != "fail":
+            tr.status = "pass"
+        tr.summary = summary(tr, self.installs, rows, self.ws, tr.data["hardware"], self.stress)
+        tr.md = kernel_markdown(tr.data, self.plan.profile)
+        return tr
 
 
 def summary(tr: TierResult, installs: list[dict], rows: list[dict], ws: int, hw: dict, stress: int | None) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import shlex
 
-from sglpatch.gpu import decision
+from sglpatch.gpu.kernel import decision
 
 VERSION_KEYS = ("torch", "flashinfer-python", "sglang", "sgl-kernel", "sglang-kernel", "mscclpp")
 

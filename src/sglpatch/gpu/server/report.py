@@ -18,8 +18,8 @@ import statistics
 import subprocess
 from pathlib import Path
 
-from sglpatch.gpu.allreduce_evidence import describe
-from sglpatch.gpu.report import TierResult, fmt
+from sglpatch.gpu.server.evidence import describe
+from sglpatch.gpu.shared.report import TierResult, fmt
 
 # the numbers bench_serving writes to --output-file, by its own names
 BENCH_METRICS = ("completed", "duration", "total_input_tokens", "total_output_tokens", "request_throughput",

@@ -2,7 +2,7 @@
 
     sglpatch doctor [--python PY] [--profile P] [--json FILE] [--kill-stale [--yes]] [--kernel-report DIR]
 
-Checks, in order (`doctor_procs`, `doctor_checks`, `doctor_gpu`):
+Checks, in order (`procs`, `checks`, `gpu` beside this file):
   1. gpu-procs   every process holding /dev/nvidia*; stale SGLang / torch workers fail (--kill-stale ends them)
   2. sglang, torch, flashinfer, sgl-kernel, env, env-traps: the serving interpreter, run in a child
   3. driver, nvcc, shm, memlock, build-jobs
@@ -30,13 +30,13 @@ from pathlib import Path
 
 from sglpatch import exitcodes, preflight
 from sglpatch.errors import SglpatchError, say
-from sglpatch.gpu import doctor_checks as dc
-from sglpatch.gpu import doctor_gpu as dg
-from sglpatch.gpu import doctor_procs as dp
-from sglpatch.gpu import topology
-from sglpatch.gpu.profiles import expand, find_project_root, load_profile, resolve_profile_path
-from sglpatch.gpu.report import TierResult
-from sglpatch.gpu.served import imported_sglang, version_tuple
+from sglpatch.gpu.doctor import checks as dc
+from sglpatch.gpu.doctor import gpu as dg
+from sglpatch.gpu.doctor import procs as dp
+from sglpatch.gpu.shared import topology
+from sglpatch.gpu.shared.profile import expand, find_project_root, load_profile, resolve_profile_path
+from sglpatch.gpu.shared.report import TierResult
+from sglpatch.gpu.shared.served import imported_sglang, version_tuple
 
 EXIT_OK, EXIT_FAIL, EXIT_CANNOT_RUN = exitcodes.OK, exitcodes.ERROR, exitcodes.CANNOT_RUN
 DESCRIPTION = ("Check the box before a load: stale GPU processes, the serving Python and what it sees, driver and "

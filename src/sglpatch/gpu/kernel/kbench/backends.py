@@ -10,7 +10,7 @@ import inspect
 import os
 import time
 
-from sglpatch.gpu.kbench.common import RMS_EPS, Backend, FusedBackend, InPlaceBackend, Unavailable, import_first
+from sglpatch.gpu.kernel.kbench.common import RMS_EPS, Backend, FusedBackend, InPlaceBackend, Unavailable, import_first
 
 
 class NcclBackend(InPlaceBackend):
@@ -252,7 +252,7 @@ class SelftestHangBackend(NcclBackend):
 
 
 def _registry() -> dict:
-    from sglpatch.gpu.kbench import fi_backends as fi
+    from sglpatch.gpu.kernel.kbench import fi_backends as fi
 
     classes = (NcclBackend, NcclAddRmsnormBackend, SymmMemBackend, CustomArBackend, MscclppBackend,
                fi.FlashinferFusedBackend, fi.PcieIpcBackend, fi.B12xOneshotBackend, fi.B12xTwoshotBackend,

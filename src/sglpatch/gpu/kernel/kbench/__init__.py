@@ -1,4 +1,4 @@
-"""The parts of the allreduce worker `python -m sglpatch.gpu.kernel_bench` (run under torchrun).
+"""The parts of the allreduce worker `python -m sglpatch.gpu.kernel.bench` (run under torchrun).
 
 Standard library and torch only at import time; every optional library (sglang, sgl_kernel,
 flashinfer, mscclpp) is imported inside the backend that needs it, guarded, so a backend that
