@@ -132,3 +132,32 @@ def test_no_series_side_file_over_max_lines_but_the_known_ones():
     assert not new, f"series-side file(s) over {MAX_LINES} lines: {new}"
     gone = sorted(KNOWN_LONG - set(over))
     assert not gone, f"KNOWN_LONG lists {gone}, now at most {MAX_LINES} lines (or gone): take it off the list"
+
+
+GPU_MAX_LINES = 400  # issue 30: no file of the GPU suite over 400 lines
+TIER_PACKAGES = ("sglpatch.gpu.cpu", "sglpatch.gpu.kernel", "sglpatch.gpu.server", "sglpatch.gpu.doctor")
+
+
+def test_no_gpu_file_over_its_max_lines():
+    long = {str(p.relative_to(SRC)): n for p in sorted((SRC / "sglpatch" / "gpu").rglob("*.py"))
+            if (n := len(p.read_text().splitlines())) > GPU_MAX_LINES}
+    assert not long, f"GPU-suite file(s) over {GPU_MAX_LINES} lines: {long}"
+
+
+def test_regress_reaches_each_tier_only_through_its_face():
+    """gpu/regress.py takes from a tier package nothing but its Tier class (check, run, report);
+    a tier package never imports regress; the tiers share only what shared/ holds (and the
+    server tier's gate, the doctor)."""
+    tree = ast.parse((SRC / "sglpatch" / "gpu" / "regress.py").read_text())
+    taken = {(n.module, a.name) for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module
+             for a in n.names if n.module.startswith(TIER_PACKAGES)}
+    assert taken and all(name.endswith("Tier") for _, name in taken), taken
+    graph = import_graph()
+    for mod, deps in graph.items():
+        if not mod.startswith(TIER_PACKAGES):
+            continue
+        own = next(p for p in TIER_PACKAGES if mod.startswith(p))
+        other = {d for d in deps if d.startswith(TIER_PACKAGES) and not d.startswith(own)}
+        assert "sglpatch.gpu.regress" not in deps, mod
+        assert other <= {"sglpatch.gpu.doctor", "sglpatch.gpu.doctor.run"} and (not other or own.endswith("server")), \
+            (mod, other)
