@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from forked_ranks import RANK_RUNNER
 
 CAP = 64 * 1024
 MAX_SIZE = 8192 * 1024  # CustomAllreduce._MAX_CAR_SIZE on CUDA
@@ -341,7 +342,7 @@ class Capture(logging.Handler):
     def emit(self, record):
         self.records.append(record.getMessage())
 
-def child(rank, port, matrix, skip_check, outdir):
+def child(rank, port, outdir, matrix, skip_check):
     os.environ["SGLANG_ENABLE_PCIE_CUSTOM_AR"] = "1"
     os.environ.pop("CUDA_VISIBLE_DEVICES", None)
     if skip_check:
@@ -373,40 +374,7 @@ def child(rank, port, matrix, skip_check, outdir):
         f.write("ok")
 
 def run_case(matrix, skip_check):
-    outdir = tempfile.mkdtemp()
-    s = socket.socket(); s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]; s.close()
-    pids = []
-    for rank in range(WS):
-        pid = os.fork()
-        if pid == 0:
-            code = 0
-            try:
-                child(rank, port, matrix, skip_check, outdir)
-            except BaseException as e:
-                code = 1
-                with open(os.path.join(outdir, f"{rank}.err"), "w") as f:
-                    f.write(repr(e))
-            os._exit(code)
-        pids.append(pid)
-    end = time.time() + DEADLINE
-    alive = set(pids)
-    while alive and time.time() < end:
-        for pid in list(alive):
-            if os.waitpid(pid, os.WNOHANG)[0]:
-                alive.discard(pid)
-        time.sleep(0.05)
-    for pid in alive:  # still blocked at the deadline
-        os.kill(pid, signal.SIGKILL)
-        os.waitpid(pid, 0)
-    out = {"blocked": len(alive), "ranks": {}}
-    for rank in range(WS):
-        p = os.path.join(outdir, f"{rank}.json")
-        r = json.load(open(p)) if os.path.exists(p) else None
-        if r is not None:
-            r["in_step"] = os.path.exists(os.path.join(outdir, f"{rank}.done"))
-        e = os.path.join(outdir, f"{rank}.err")
-        out["ranks"][str(rank)] = r if r is not None else {"error": open(e).read() if os.path.exists(e) else "blocked"}
-    return out
+    return run_ranks(WS, child, DEADLINE, matrix, skip_check)
 
 full = [[True] * WS for _ in range(WS)]
 asym = [row[:] for row in full]
@@ -422,7 +390,7 @@ print("RESULT" + json.dumps(result))
 
 @pytest.fixture(scope="module")
 def ranks_result(run_patched):
-    proc = run_patched(RANKS_CODE, timeout=400)
+    proc = run_patched(RANK_RUNNER + RANKS_CODE, timeout=400)
     assert proc.returncode == 0, proc.stderr[-4000:]
     line = next(l for l in proc.stdout.splitlines() if l.startswith("RESULT"))
     return json.loads(line[len("RESULT") :])

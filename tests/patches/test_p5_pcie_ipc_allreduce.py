@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from forked_ranks import RANK_RUNNER
 
 CODE = r"""
 import datetime, json, logging, os, signal, socket, sys, tempfile, time, types
@@ -136,34 +137,7 @@ def child(rank, port, outdir, bad_rank, max_numel_env):
     open(os.path.join(outdir, f"{rank}.done"), "w").write("ok")
 
 def run_case(bad_rank=-1, max_numel_env=""):
-    outdir = tempfile.mkdtemp()
-    s = socket.socket(); s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]; s.close()
-    pids = []
-    for rank in range(WS):
-        pid = os.fork()
-        if pid == 0:
-            code = 0
-            try:
-                child(rank, port, outdir, bad_rank, max_numel_env)
-            except BaseException as e:
-                code = 1; open(os.path.join(outdir, f"{rank}.err"), "w").write(repr(e))
-            os._exit(code)
-        pids.append(pid)
-    end = time.time() + 90; alive = set(pids)
-    while alive and time.time() < end:
-        for pid in list(alive):
-            if os.waitpid(pid, os.WNOHANG)[0]:
-                alive.discard(pid)
-        time.sleep(0.05)
-    for pid in alive:
-        os.kill(pid, signal.SIGKILL); os.waitpid(pid, 0)
-    ranks = {}
-    for rank in range(WS):
-        p = os.path.join(outdir, f"{rank}.json"); e = os.path.join(outdir, f"{rank}.err")
-        r = json.load(open(p)) if os.path.exists(p) else {"error": open(e).read() if os.path.exists(e) else "blocked"}
-        r["in_step"] = os.path.exists(os.path.join(outdir, f"{rank}.done"))
-        ranks[str(rank)] = r
-    return {"blocked": len(alive), "ranks": ranks}
+    return run_ranks(WS, child, 90, bad_rank, max_numel_env)
 
 out["ok"] = run_case()
 out["rank2_below_row"] = run_case(2, "7000")
@@ -177,7 +151,7 @@ NUMEL = ROWS * 7168
 
 @pytest.fixture(scope="module")
 def result(run_patched):
-    proc = run_patched(CODE, timeout=400)
+    proc = run_patched(RANK_RUNNER + CODE, timeout=400)
     assert proc.returncode == 0, proc.stderr[-4000:]
     line = next(l for l in proc.stdout.splitlines() if l.startswith("RESULT"))
     return json.loads(line[len("RESULT") :])
