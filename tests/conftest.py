@@ -319,9 +319,10 @@ def wait_pid(path: Path, timeout: float = 20.0) -> int:
     raise AssertionError(f"{path} never written")
 
 
-def make_venv(env_dir: Path) -> Path:
+def make_venv(env_dir: Path, also: tuple[Path, ...] = ()) -> Path:
     """A venv that sees this interpreter's packages (also when this interpreter is itself a
-    venv, where system_site_packages would skip them), so that installing into it is cheap."""
+    venv, where system_site_packages would skip them), so that installing into it is cheap;
+    `also`: folders it sees after them (e.g. the sglpatch under test)."""
     venv.EnvBuilder(with_pip=False).create(env_dir)
     py = env_dir / "bin" / "python"
     site_dir = subprocess.run(
@@ -330,7 +331,7 @@ def make_venv(env_dir: Path) -> Path:
     import site
 
     parents = [p for p in (*site.getsitepackages(), site.getusersitepackages()) if Path(p).is_dir()]
-    (Path(site_dir) / "_sglpatch_parent.pth").write_text("\n".join(parents) + "\n")
+    (Path(site_dir) / "_sglpatch_parent.pth").write_text("\n".join([*parents, *map(str, also)]) + "\n")
     return py
 
 

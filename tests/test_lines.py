@@ -87,13 +87,10 @@ def tool_venv(top: Path, co: Path) -> Path:
 
     d = top / "tool-venv"
     if not d.is_dir():
-        py = make_venv(d)
         # the sglpatch under test (an editable install's finder is not seen through the parent .pth)
         import sglpatch
 
-        site_dir = subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                                  capture_output=True, text=True, check=True).stdout.strip()
-        (Path(site_dir) / "_sglpatch_under_test.pth").write_text(str(Path(sglpatch.__file__).resolve().parents[1]) + "\n")
+        make_venv(d, also=(Path(sglpatch.__file__).resolve().parents[1],))
         key = hashlib.sha256((co / "pyproject.toml").read_bytes()).hexdigest()
         (d / ".sglpatch-tool").write_text(f"{co} {key}\n")
     return d
