@@ -1,5 +1,5 @@
 """Command line: the parser assembled from each command's module, and main (the one-line errors
-and exit codes). Each command's arguments and run function live next to its work: stack_cmd
+and exit codes). Each command's arguments and run function live next to its work: stack_cli
 (apply, export, status, check, lock), bisect_cli, rebase_cli, watch_cli, and in the GPU suite
 verify_profile (P4's report), sglpatch.gpu: regress, doctor; cliargs holds what they share."""
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from sglpatch import __version__, bisect_cli, exitcodes, lines_cli, rebase_cli, stack_cmd, watch_cli
+from sglpatch import __version__, bisect_cli, exitcodes, lines_cli, rebase_cli, stack_cli, watch_cli
 from sglpatch.errors import SglpatchError
 
 DESCRIPTION = """\
@@ -44,7 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     # --- foundation (owner: core) ---------------------------------------
-    stack_cmd.register(sub)  # apply / export / status / check / lock
+    stack_cli.register(sub)  # apply / export / status / check / lock
     lines_cli.register(sub)  # the lines side by side (issue 27)
 
     # --- profile-report (owner: P4 helper) --------------------------------

@@ -1,6 +1,6 @@
 """What the series side's commands share on the command line: the --workdir/--project options,
 reading them back, and an OSError as a one-line error. Each command's own arguments and run
-function live next to its module (stack_cmd, bisect_cli, rebase_cli, watch_cli); sglpatch.cli
+function live next to its module (stack_cli, bisect_cli, rebase_cli, watch_cli); sglpatch.cli
 only assembles them."""
 
 from __future__ import annotations
