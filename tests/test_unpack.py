@@ -90,7 +90,9 @@ def test_the_tree_id_refuses_what_extraction_refuses(tmp_path, member, why):
     [("s-1/x/.git/config", b"a name git does not take", 0o644)],
 ])
 def test_trees_the_model_does_not_cover_have_no_id(tmp_path, members):
-    assert unpack.sdist_tree(tarball(tmp_path, members), "python") == (None, "")
+    """...but the commit _version.py records, which upstream.lock is checked against, all the same."""
+    version = ("s-1/sglang/_version.py", b"commit_id = 'gabc1234'\n", 0o644)
+    assert unpack.sdist_tree(tarball(tmp_path, [version, *members]), "python") == (None, "abc1234")
 
 
 # --------------------------------------------------------------------------------------

@@ -81,48 +81,68 @@ def _object_id(kind: bytes, data: bytes) -> bytes:
     return hashlib.sha1(b"%s %d\0" % (kind, len(data)) + data).digest()
 
 
+class _Tree:
+    """A git tree built in memory from (path, executable, bytes), as `git add -A -f` of those files
+    extracted would record it. broken: a shape the model does not cover (the caller extracts)."""
+
+    def __init__(self) -> None:
+        self.root: dict = {}
+        self.broken = False
+
+    def folder(self, parts: list[str]) -> dict | None:
+        if any(p in ("", ".", ".git") for p in parts):
+            self.broken = True
+            return None
+        node = self.root
+        for p in parts:
+            node = node.setdefault(p, {})
+            if not isinstance(node, dict):
+                self.broken = True
+                return None
+        return node
+
+    def file(self, parts: list[str], executable: bool, data: bytes) -> None:
+        node = self.folder(parts[:-1])
+        if node is None or parts[-1] in ("", ".", ".git") or isinstance(node.get(parts[-1]), dict):
+            self.broken = True
+            return
+        node[parts[-1]] = (b"100755" if executable else b"100644", _object_id(b"blob", data))
+
+    def id(self) -> str | None:
+        def tree(node: dict) -> bytes | None:  # entries sorted as bytes, a folder as "name/"
+            entries = []
+            for name, v in node.items():
+                raw = os.fsencode(name)
+                if isinstance(v, dict):
+                    sub = tree(v)
+                    if sub is not None:  # git keeps no empty folder
+                        entries.append((raw + b"/", b"40000 " + raw + b"\0" + sub))
+                else:
+                    entries.append((raw, v[0] + b" " + raw + b"\0" + v[1]))
+            return _object_id(b"tree", b"".join(e for _, e in sorted(entries))) if entries else None
+
+        top = None if self.broken else tree(self.root)
+        return top.hex() if top else None
+
+
 def sdist_tree(tarball: Path, subdir: str) -> tuple[str | None, str]:
     """(id of the tree an extraction under subdir/ commits, the sdist's commit id), reading the
     tarball only. Refuses what safe_extract refuses. The id is None for a tarball whose tree this
     model does not cover (a name git treats specially, a file and a folder of one name): the
     caller extracts it instead."""
-    root: dict = {}
+    t = _Tree()
     commit = ""
     with tarfile.open(tarball, "r:gz") as tf:
         for m, rel in _members(tf, tarball):
             parts = [subdir, *rel.split("/")]
-            if any(p in ("", ".", ".git") for p in parts):
-                return None, ""
-            node = root
-            for p in parts[:-1]:
-                node = node.setdefault(p, {})
-                if not isinstance(node, dict):
-                    return None, ""
             if m.isdir():
-                if not isinstance(node.setdefault(parts[-1], {}), dict):
-                    return None, ""
+                t.folder(parts)
                 continue
-            if isinstance(node.get(parts[-1]), dict):
-                return None, ""
             data = tf.extractfile(m).read()
             if rel == VERSION_PY:
                 commit = version_commit(data.decode("utf-8", "replace"))
-            node[parts[-1]] = (b"100755" if m.mode & 0o111 else b"100644", _object_id(b"blob", data))
-
-    def tree(node: dict) -> bytes | None:  # git's tree object: entries sorted as bytes, a folder as "name/"
-        entries = []
-        for name, v in node.items():
-            raw = os.fsencode(name)
-            if isinstance(v, dict):
-                sub = tree(v)
-                if sub is not None:  # git keeps no empty folder
-                    entries.append((raw + b"/", b"40000 " + raw + b"\0" + sub))
-            else:
-                entries.append((raw, v[0] + b" " + raw + b"\0" + v[1]))
-        return _object_id(b"tree", b"".join(e for _, e in sorted(entries))) if entries else None
-
-    top = tree(root)
-    return (top.hex() if top else None), commit
+            t.file(parts, bool(m.mode & 0o111), data)
+    return t.id(), commit
 
 
 def commit_tree(git: Git, tree_root: Path, message: str) -> str:
