@@ -174,9 +174,12 @@ if os.getpid() != int(os.environ["SGLPATCH_TEST_CPU_ROOT"]) and not (
     CPU_LOG = None  # a pytest that a test started (tests/patches on a rebased tree): its CPU is that test's
 
 
+_ZYGOTE_CPU = [0.0]  # the children of run_patched's zygote: not this process's children
+
+
 def _cpu_now() -> float:
     s, c = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    return s.ru_utime + s.ru_stime + c.ru_utime + c.ru_stime
+    return s.ru_utime + s.ru_stime + c.ru_utime + c.ru_stime + _ZYGOTE_CPU[0]
 
 
 def _cpu_log(**rec) -> None:
@@ -370,19 +373,33 @@ def patched_python(tmp_path_factory, request) -> Path:
 
 @pytest.fixture(scope="session")
 def run_patched(patched_python, tmp_path_factory):
+    """run(code, env, timeout): `patched_python -c code` (CUDA hidden), as a CompletedProcess. A
+    child forked from a zygote that imported torch and transformers once (tests/zygote.py), unless
+    SGLPATCH_PATCHED_PYTHON names another Python or the env changes a PYTHON* variable."""
+    import zygote
+
     cwd = tmp_path_factory.mktemp("run")
+    base = dict(os.environ)
+    base.pop("PYTHONPATH", None)
+    base.setdefault("CUDA_VISIBLE_DEVICES", "")
+    zy = None if os.environ.get("SGLPATCH_PATCHED_PYTHON") else zygote.start(patched_python, base, cwd)
 
     def run(code: str, env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
-        full_env = dict(os.environ)
-        full_env.pop("PYTHONPATH", None)
-        full_env.setdefault("CUDA_VISIBLE_DEVICES", "")
-        if env:
-            full_env.update(env)
+        full_env = dict(base, **(env or {}))
+        if zy and not any(k.startswith("PYTHON") and base.get(k) != v for k, v in (env or {}).items()):
+            before = zy.cpu
+            try:
+                return zy.run(code, full_env, cwd, timeout)
+            finally:
+                _ZYGOTE_CPU[0] += zy.cpu - before
         return subprocess.run(
             [str(patched_python), "-c", code], capture_output=True, text=True, env=full_env, timeout=timeout, cwd=cwd
         )
 
-    return run
+    yield run
+    if zy:
+        zy.close()  # waited for: its children's CPU is in RUSAGE_CHILDREN now
+        _ZYGOTE_CPU[0] -= zy.cpu
 
 
 def git(cwd: Path, *args: str, check: bool = True) -> str:
