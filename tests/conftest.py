@@ -109,19 +109,33 @@ END_TO_END = {
 # fixtures, in SPLIT too. (The groups are made here, by nodeid, not with xdist_group marks:
 # xdist 3.8's loadgroup cannot rename pytest 9's node ids.)
 SPLIT = {"test_failure_modes.py": 4, "test_failure_modes_2.py": 3}
-COST = {  # CPU seconds, from a cold test cache, measured on the shared 2-core machine (issue 29)
-    "test_failure_modes.py": 357, "test_failure_modes_2.py": 243, "test_rebase.py": 111, "test_kernel_candidates.py": 91,
-    "test_watch.py": 89, "test_port_0523.py": 67, "test_regress_server.py": 60, "test_scripts_fresh_shell.py": 58,
-    "test_apply_cli.py": 50, "test_regress_ab.py": 37, "test_cli_first_contact.py": 35, "test_rebase_tree_check.py": 35,
-    "test_kernel_stress.py": 33, "test_install_wheel_tree.py": 28, "test_doctor.py": 25, "test_bisect.py": 24,
-    "test_stack.py": 52, "test_venv_preflight.py": 29, "test_formatters.py": 22, "test_p2_pcie_custom_ar.py": 15,
-    "test_p1_flashinfer_fusion.py": 12,
-    "test_p4_verify_profile.py": 12,
+PATCH_TESTS = "patches"
+COST = {  # CPU seconds per file: the fresh-clone run of the merged suite (issue 29, 670 tests), the files
+    # this branch made cheaper scaled by their measured back-to-back ratio (apply/rebase fetch the
+    # upstream tree from the tree cache; the patch tests fork from a zygote)
+    "test_failure_modes.py": 160, "test_failure_modes_2.py": 125, "test_scripts_fresh_shell.py": 90, "test_lines.py": 75,
+    "test_kernel_candidates.py": 74, "test_rebase.py": 70, "test_port_0523.py": 62, "test_regress_server.py": 55,
+    "test_watch.py": 53, "test_apply_cli.py": 40, "test_stack.py": 34, "test_doctor.py": 27, "test_kernel_stress.py": 25,
+    "test_regress_ab.py": 25, "test_venv_preflight.py": 25, "test_bisect.py": 22, "test_unpack.py": 22,
+    "test_install_wheel_tree.py": 20, "test_rebase_tree_check.py": 20, "test_failure_modes_3.py": 13,
+    "test_cli_first_contact.py": 12, "test_flashinfer_set.py": 11, "test_formatters.py": 8, "test_zygote.py": 7,
+    "test_doctor_procs.py": 4, "test_doctor_pidns.py": 4,
+    PATCH_TESTS: 35,  # tests/patches/, one group: one patched venv and one zygote, not one per worker
 }
 
 
+def group_of(path: str) -> str:
+    """The xdist group of a test file (relative path): tests/patches/ is one."""
+    return PATCH_TESTS if f"/{PATCH_TESTS}/" in f"/{path}" else path
+
+
+def cost_of(path: Path, tests: int) -> float:
+    return COST.get(PATCH_TESTS if PATCH_TESTS in path.parts[-2:-1] else path.name, 0.2 * tests)
+
+
 def xdist_groups(nodeids: list) -> dict:
-    """{nodeid: group}: its file, or for a file in SPLIT, one of that many runs of consecutive tests."""
+    """{nodeid: group}: its file (tests/patches/: one group), or for a file in SPLIT, one of that many
+    runs of consecutive tests."""
     by_file: dict = {}
     for nodeid in nodeids:
         by_file.setdefault(nodeid.split("::")[0], []).append(nodeid)
@@ -129,7 +143,7 @@ def xdist_groups(nodeids: list) -> dict:
     for path, ids in by_file.items():
         n = SPLIT.get(path.rsplit("/", 1)[-1], 1)
         for i, nodeid in enumerate(ids):
-            out[nodeid] = path if n == 1 else f"{path}#{i * n // len(ids)}"
+            out[nodeid] = group_of(path) if n == 1 else f"{path}#{i * n // len(ids)}"
     return out
 
 
@@ -158,7 +172,7 @@ def pytest_collection_modifyitems(config, items):
         for item in items:
             count[item.path] = count.get(item.path, 0) + 1
         order = {id(item): k for k, item in enumerate(items)}
-        items.sort(key=lambda item: (-COST.get(item.path.name, 0.2 * count[item.path]), str(item.path), order[id(item)]))
+        items.sort(key=lambda item: (-cost_of(item.path, count[item.path]), str(item.path), order[id(item)]))
 
 
 # Where the suite's CPU goes (load-independent, unlike --durations on a shared machine):
@@ -174,9 +188,12 @@ if os.getpid() != int(os.environ["SGLPATCH_TEST_CPU_ROOT"]) and not (
     CPU_LOG = None  # a pytest that a test started (tests/patches on a rebased tree): its CPU is that test's
 
 
+_ZYGOTE_CPU = [0.0]  # the children of run_patched's zygote: not this process's children
+
+
 def _cpu_now() -> float:
     s, c = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    return s.ru_utime + s.ru_stime + c.ru_utime + c.ru_stime
+    return s.ru_utime + s.ru_stime + c.ru_utime + c.ru_stime + _ZYGOTE_CPU[0]
 
 
 def _cpu_log(**rec) -> None:
@@ -371,19 +388,33 @@ def patched_python(tmp_path_factory, request) -> Path:
 
 @pytest.fixture(scope="session")
 def run_patched(patched_python, tmp_path_factory):
+    """run(code, env, timeout): `patched_python -c code` (CUDA hidden), as a CompletedProcess. A
+    child forked from a zygote that imported torch and transformers once (tests/zygote.py), unless
+    SGLPATCH_PATCHED_PYTHON names another Python or the env changes a PYTHON* variable."""
+    import zygote
+
     cwd = tmp_path_factory.mktemp("run")
+    base = dict(os.environ)
+    base.pop("PYTHONPATH", None)
+    base.setdefault("CUDA_VISIBLE_DEVICES", "")
+    zy = None if os.environ.get("SGLPATCH_PATCHED_PYTHON") else zygote.start(patched_python, base, cwd)
 
     def run(code: str, env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
-        full_env = dict(os.environ)
-        full_env.pop("PYTHONPATH", None)
-        full_env.setdefault("CUDA_VISIBLE_DEVICES", "")
-        if env:
-            full_env.update(env)
+        full_env = dict(base, **(env or {}))
+        if zy and not any(k.startswith("PYTHON") and base.get(k) != v for k, v in (env or {}).items()):
+            before = zy.cpu
+            try:
+                return zy.run(code, full_env, cwd, timeout)
+            finally:
+                _ZYGOTE_CPU[0] += zy.cpu - before
         return subprocess.run(
             [str(patched_python), "-c", code], capture_output=True, text=True, env=full_env, timeout=timeout, cwd=cwd
         )
 
-    return run
+    yield run
+    if zy:
+        zy.close()  # waited for: its children's CPU is in RUSAGE_CHILDREN now
+        _ZYGOTE_CPU[0] -= zy.cpu
 
 
 def git(cwd: Path, *args: str, check: bool = True) -> str:

@@ -4,7 +4,9 @@ Each verified registry artifact (sdist or wheel) is unpacked once into a bare ca
 as a commit, ref ``refs/sglpatch/trees/<artifact sha256>``; the watch and dry runs borrow its
 objects read-only (``objects/info/alternates``) instead of extracting tens of thousands of
 files again. The tree is the one ``upstream.build_registry`` commits (same extraction), so a
-dry run classifies exactly what a real rebase would see.
+dry run classifies exactly what a real rebase would see. An apply or a real rebase fetches an
+sdist's tree from here into its workdir (``lend``) when it is the tree the sdist makes, its id
+worked out from the verified file (``sglpatch.unpack``).
 
 Facts about a tree or a blob that are costly to find and never change (git objects are
 immutable) are kept next to it, in ``facts/<kind>/<object id>.json`` under the cache repo.
@@ -26,11 +28,12 @@ from pathlib import Path
 
 from sglpatch import artifacts, pkgindex
 from sglpatch.cachedir import cache_dir, cache_subdir
-from sglpatch import upstream as up
 from sglpatch.errors import SglpatchError, say
 from sglpatch.fsutil import clean_stale_tmp, crashpoint, open_regular, private_tmpdir
-from sglpatch.gitcmd import Git, GitError
+from sglpatch.gitcmd import Git, GitError, last_line
 from sglpatch.lock import UNKNOWN_COMMIT, Lock, LockError
+from sglpatch.unpack import commit_tree as _commit_tree
+from sglpatch.unpack import commits_match, safe_extract
 
 TREE_REF = "refs/sglpatch/trees"
 
@@ -80,8 +83,8 @@ def tree_commit(cg: Git, kind: str, path: Path, sha256: str, subdir: str = "pyth
             if kind == "wheel":
                 artifacts.extract_wheel(path, dest)
             else:
-                up._safe_extract(path, dest)
-            commit = up._commit_tree(cg, Path(tmp), f"{path.name}\n\nsha256 {sha256}, unpacked under {subdir}/\n")
+                safe_extract(path, dest)
+            commit = _commit_tree(cg, Path(tmp), f"{path.name}\n\nsha256 {sha256}, unpacked under {subdir}/\n")
     except OSError as e:
         raise SglpatchError(f"cannot unpack {path.name} into the tree cache: {e.strerror or e}; free space and re-run") from None
     save_facts("artifact-tree", sha256, {"commit": commit, "tree": cg.tree_of(commit), "file": path.name})
@@ -153,12 +156,40 @@ def registry_commit(git: Git, lock: Lock, python: str | None = None) -> str:
     commit = tree_commit(cg, lock.artifact_kind, path, lock.sdist_sha256, lock.sdist_subdir)
     rc, text, _ = cg.run("cat-file", "blob", f"{commit}:{lock.sdist_subdir}/sglang/_version.py", check=False, strip=False)
     recorded = artifacts.version_py_commit(text) if rc == 0 else ""
-    if recorded and lock.commit != UNKNOWN_COMMIT and not up.commits_match(recorded, lock.commit):
+    if recorded and lock.commit != UNKNOWN_COMMIT and not commits_match(recorded, lock.commit):
         raise LockError(
             f"upstream.lock: field upstream.commit ({lock.commit}) does not match the {lock.artifact_kind}'s _version.py commit ({recorded})"
         )
     borrow(git, cg)
     return commit
+
+
+# the cache's side of a fetch into a workdir: no delta search, light compression (the objects
+# are loose in the cache; a tree is a few thousand files)
+UPLOAD_PACK = "git -c pack.window=0 -c pack.compression=1 upload-pack"
+
+
+def lend(git: Git, kind: str, path: Path, sha256: str, subdir: str, tree: str) -> bool:
+    """Put the tree of the verified artifact at path into git's objects from the cache (unpacked
+    into it first when missing), when the cached tree is `tree`, the id worked out from the
+    artifact itself (sglpatch.unpack). git fetch checks each object it receives against its id,
+    so nothing but that tree's files can come in, whatever the cache holds. Whether it did;
+    False (one line when the cache was there but unusable): the caller extracts the artifact."""
+    try:
+        cg = cache_repo()
+        commit = healing(tree_commit, cg, kind, path, sha256, subdir)
+    except (SglpatchError, GitError, OSError):
+        return False  # no usable cache (read-only, full, damaged beyond healing): costs speed only
+    if cg.tree_of(commit) != tree:
+        say(f"the tree cache's tree of {path.name} is not the one the file makes; extracting it instead")
+        return False
+    say(f"taking the tree of {path.name} from the tree cache")
+    rc, _, err = git.run("fetch", "-q", "--no-tags", "--no-write-fetch-head", f"--upload-pack={UPLOAD_PACK}",
+                         "--end-of-options", str(cg.workdir), commit, check=False)
+    if rc != 0 or git.run("cat-file", "-t", tree, check=False)[1].strip() != "tree":
+        say(f"could not fetch the tree of {path.name} from the tree cache ({last_line(err, f'exit {rc}')}); extracting it instead")
+        return False
+    return True
 
 
 def release_tree(cg: Git, name: str, version: str, kind: str, subdir: str = "python",

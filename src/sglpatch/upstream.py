@@ -5,7 +5,9 @@ Three sources, all verified against every field of upstream.lock:
 * ``sdist``: the registry sdist (downloaded by ``artifacts.fetch_sdist``, the one module that
   downloads release files, through the user's own pip configuration), sha256-checked, extracted
   under ``python/`` (the sdist is the repository's ``python/`` folder) and committed with fixed
-  identity and dates, so the commit id is the same everywhere.
+  identity and dates, so the commit id is the same everywhere. When the tree cache holds the
+  very tree the sdist makes (``sglpatch.unpack`` works its id out from the file), the workdir
+  fetches it from there instead of extracting the sdist again: the same commit.
 * ``wheel``: for wheel-only releases, the wheel's ``sglang/`` (``artifacts.fetch``, checked
   against the index's sha256 and the lock's).
 * ``git``: a clone cache of the upstream URL (``git fetch`` of the tag, here); the tag must
@@ -17,10 +19,7 @@ pin a rebase moves to (``--onto``: which release, its lock) is ``sglpatch.rebase
 
 from __future__ import annotations
 
-import os
 import re
-import shutil
-import tarfile
 import tempfile
 import time
 from pathlib import Path
@@ -28,95 +27,57 @@ from pathlib import Path
 from sglpatch.errors import SglpatchError, say
 from sglpatch.fsutil import crashpoint, tmp_prefix
 from sglpatch.gitcmd import Git, last_line, validate_ref, validate_url
-from sglpatch import artifacts
+from sglpatch import artifacts, treecache
 from sglpatch.cachedir import cache_dir
 from sglpatch.lock import UNKNOWN_COMMIT, Lock, LockError
+from sglpatch.unpack import commit_tree, commits_match, sdist_tree, safe_extract
 from sglpatch.workdir import UPSTREAM_BRANCH, pin_key, scratch_dir
 
 PIN_TRAILER = "Sglpatch-Pin"
 
 
-def _safe_extract(tarball: Path, dest: Path) -> str:
-    """Extract tarball's single top folder's content into dest; return the sdist's commit id."""
-    with tarfile.open(tarball, "r:gz") as tf:
-        members = tf.getmembers()
-        tops = {m.name.split("/", 1)[0] for m in members}
-        if len(tops) != 1:
-            raise SglpatchError(f"{tarball.name}: expected one top-level folder, found {sorted(tops)[:3]}")
-        for m in members:
-            rel = m.name.split("/", 1)[1] if "/" in m.name else ""
-            if not rel:
-                continue
-            parts = rel.split("/")
-            if rel.startswith("/") or ".." in parts:
-                raise SglpatchError(f"{tarball.name}: member {m.name!r} leaves the tree")
-            if m.issym() or m.islnk():
-                raise SglpatchError(f"{tarball.name}: member {m.name!r} is a link; refusing")
-            if not (m.isfile() or m.isdir()):
-                continue
-            if rel == "PKG-INFO" or parts[0].endswith(".egg-info"):
-                continue  # sdist build artifacts, not repository files (a build rewrites them)
-            out = dest / rel
-            if m.isdir():
-                out.mkdir(parents=True, exist_ok=True)
-                continue
-            out.parent.mkdir(parents=True, exist_ok=True)
-            src = tf.extractfile(m)
-            with open(out, "wb") as f:
-                shutil.copyfileobj(src, f)
-            os.chmod(out, 0o755 if m.mode & 0o111 else 0o644)
-    version_py = dest / "sglang" / "_version.py"
-    commit = ""
-    if version_py.exists():
-        m = re.search(r"commit_id\s*=\s*['\"]g?([0-9a-f]+)['\"]", version_py.read_text())
-        if m:
-            commit = m.group(1)
-    return commit
-
-
-def _commit_tree(git: Git, tree_root: Path, message: str) -> str:
-    """The folder tree_root as a parentless commit with fixed identity and dates."""
-    with git.temp_index(scratch=scratch_dir(git)) as (env, _):
-        git.run("--work-tree", str(tree_root), "add", "-A", "-f", ".", env=env)
-        tree = git.run("write-tree", env=env)
-    return git.commit_tree(tree, message)
-
-
-def commits_match(a: str, b: str) -> bool:
-    """Whether two commit ids (either may be abbreviated) name the same commit."""
-    return bool(a) and bool(b) and (a.startswith(b) or b.startswith(a))
-
-
-def _registry_commit(git: Git, root: Path, lock: Lock, kind: str, extracted: str) -> str:
-    """The upstream commit of a registry artifact's tree; its message names the artifact and the pin."""
-    message = (
+def _registry_message(lock: Lock, kind: str, extracted: str) -> str:
+    """The message of a registry artifact's upstream commit: it names the artifact and the pin."""
+    return (
         f"{lock.name} {lock.version} from the registry {kind}\n\n"
         f"{kind} {lock.sdist_filename} sha256 {lock.sdist_sha256}, {extracted} under {lock.sdist_subdir}/;\n"
         f"upstream {lock.url} {lock.tag} ({lock.commit}).\n\n"
         f"Sglpatch-Source: {kind}\n{PIN_TRAILER}: {lock.pin_digest()}\n"
     )
-    return _commit_tree(git, root, message)
+
+
+def _registry_commit(git: Git, root: Path, lock: Lock, kind: str, extracted: str) -> str:
+    """The upstream commit of a registry artifact's tree, extracted under root."""
+    return commit_tree(git, root, _registry_message(lock, kind, extracted))
 
 
 def build_from_sdist(git: Git, lock: Lock, python: str | None = None) -> str:
+    """The sdist's tree as the upstream commit: from the tree cache when it holds the very tree
+    the sdist makes (its id worked out from the verified file, every object checked by git as it
+    arrives), else extracted here. The same commit either way."""
     tarball = artifacts.fetch_sdist(lock, python)
-    with tempfile.TemporaryDirectory(prefix=tmp_prefix("sdist"), dir=scratch_dir(git)) as tmp:
+    scratch = scratch_dir(git)
+    with artifacts.readable(tarball):  # a vouched-for file that is no tar.gz: one line
+        tree, sdist_commit = sdist_tree(tarball, lock.sdist_subdir)
+    if sdist_commit and not commits_match(sdist_commit, lock.commit):
+        raise LockError(
+            f"upstream.lock: field upstream.commit ({lock.commit}) does not match the sdist's _version.py commit ({sdist_commit})"
+        )
+    crashpoint("materialize:extract")
+    if tree and treecache.lend(git, "sdist", tarball, lock.sdist_sha256, lock.sdist_subdir, tree):
+        return git.commit_tree(tree, _registry_message(lock, "sdist", "extracted"))
+    with tempfile.TemporaryDirectory(prefix=tmp_prefix("sdist"), dir=scratch) as tmp:
         root = Path(tmp)
         dest = root / lock.sdist_subdir
         dest.mkdir(parents=True)
         say(f"extracting {tarball.name} under {lock.sdist_subdir}/")
-        crashpoint("materialize:extract")
         try:
-            with artifacts.readable(tarball):  # a vouched-for file that is no tar.gz: one line
-                sdist_commit = _safe_extract(tarball, dest)
+            with artifacts.readable(tarball):
+                safe_extract(tarball, dest)
         except OSError as e:
             raise SglpatchError(
                 f"cannot extract {tarball.name} into {git.workdir}: {e.strerror}; free space there and re-run"
             ) from None
-        if sdist_commit and not commits_match(sdist_commit, lock.commit):
-            raise LockError(
-                f"upstream.lock: field upstream.commit ({lock.commit}) does not match the sdist's _version.py commit ({sdist_commit})"
-            )
         return _registry_commit(git, root, lock, "sdist", "extracted")
 
 

@@ -8,6 +8,7 @@ set (the rebase test re-runs this on a rebased series), else from this repositor
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -26,14 +27,25 @@ def _touched_python_files() -> list[str]:
     return sorted(files)
 
 
+def _fails(tool: str, args: list[str], root: Path, f: str) -> bool:
+    """Whether the tool would change f, run from python/ like upstream's pre-commit (so isort knows sglang is first-party)."""
+    return subprocess.run([sys.executable, "-m", tool, *args, f], cwd=root / "python", capture_output=True, text=True).returncode != 0
+
+
 def _failing(tool: str, args: list[str], root: Path, files: list[str]) -> set[str]:
-    """Files the tool would change, run from python/ like upstream's pre-commit (so isort knows sglang is first-party)."""
-    bad = set()
-    for f in files:
-        proc = subprocess.run([sys.executable, "-m", tool, *args, f], cwd=root / "python", capture_output=True, text=True)
-        if proc.returncode != 0:
-            bad.add(f)
-    return bad
+    """Files the tool would change: one run over all of them (exit 0: none); else the files it
+    names (black: "would reformat" / "cannot format", isort: "ERROR:"), each confirmed by a run of
+    its own, and every file on its own when it named none."""
+    if not files:
+        return set()
+    quiet = [a for a in args if a != "-q"]
+    proc = subprocess.run([sys.executable, "-m", tool, *quiet, *files], cwd=root / "python", capture_output=True, text=True)
+    if proc.returncode == 0:
+        return set()
+    named = {f for f in files for line in (proc.stdout + proc.stderr).splitlines()
+             if re.search(r"would reformat|cannot format|^ERROR:", line) and re.search(rf"(^|[\s/]){re.escape(f)}(\s|:|$)", line)}
+    bad = {f for f in named if _fails(tool, args, root, f)}
+    return bad or {f for f in files if _fails(tool, args, root, f)}
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,58 @@
+"""tests/zygote.py, which runs the patch tests' code (conftest's run_patched): each piece of code
+behaves as under `python -c` in a fresh process (exit status, a signal, an uncaught exception,
+output, environment, working folder, stdin, atexit, a timeout), and the zygote keeps serving."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+import zygote
+
+CASES = {
+    "exit-3": ("import sys; print('out'); print('err', file=sys.stderr); sys.exit(3)", 3),
+    "exit-message": ("raise SystemExit('bye')", 1),
+    "raises": ("def f():\n    raise ValueError('boom')\nf()", 1),
+    "signal": ("import os, signal; os.kill(os.getpid(), signal.SIGTERM)", -15),
+    "env-cwd-stdin-argv": ("import os, sys; print(os.environ.get('ZYG'), 'PYTHONPATH' in os.environ, os.getcwd(), repr(sys.stdin.read()),"
+                           " sys.argv, __name__)", 0),
+    "atexit": ("import atexit; atexit.register(lambda: print('at exit'))", 0),
+    "fork-and-wait": ("import os\npid = os.fork()\nif pid == 0:\n    print('rank'); os._exit(7)\nprint(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))", 0),
+}
+
+
+@pytest.fixture(scope="module")
+def zy(tmp_path_factory):
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    z = zygote.Zygote(sys.executable, env, tmp_path_factory.mktemp("zy"))
+    yield z, env
+    z.close()
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_each_run_is_what_python_c_gives(zy, tmp_path, name):
+    z, env = zy
+    code, status = CASES[name]
+    env = dict(env, ZYG="set")
+    got = z.run(code, env, tmp_path, timeout=60)
+    want = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=60)
+    assert got.returncode == want.returncode == status
+    assert got.stdout == want.stdout
+    assert got.stderr.splitlines()[-1:] == want.stderr.splitlines()[-1:]  # the traceback's last line, the message
+    assert got.args == [sys.executable, "-c", code]
+
+
+def test_a_timeout_kills_the_child_and_the_zygote_serves_on(zy, tmp_path):
+    z, env = zy
+    with pytest.raises(subprocess.TimeoutExpired) as e:
+        z.run("import time; print('started', flush=True); time.sleep(60)", env, tmp_path, timeout=2)
+    assert e.value.output == "started\n"
+    assert z.run("print('next')", env, tmp_path, timeout=60).stdout == "next\n"
+
+
+def test_no_zygote_when_asked(monkeypatch, tmp_path):
+    monkeypatch.setenv("SGLPATCH_TEST_NO_ZYGOTE", "1")
+    assert zygote.start(sys.executable, dict(os.environ), tmp_path) is None

@@ -1,0 +1,132 @@
+"""One Python of the patched venv that has imported torch and transformers once, and forks a
+child for each piece of code the patch tests run (conftest's ``run_patched``).
+
+Each child is a real process of that Python: it sets the environment and working folder the
+test asks for, imports the patched SGLang modules itself (none is imported before the fork),
+runs the code as ``python -c`` would (``__main__``, atexit handlers, exit status, a signal
+ends it with -signal), with its output in files. What it saves: importing torch, transformers
+and their imports (about 3 of the 6 CPU-seconds a patch-test process took) once per session
+instead of once per process; the tests run ten such processes, twice per suite (on 0.5.9 and
+on the rebased tree). SGLPATCH_TEST_NO_ZYGOTE=1 runs each as its own ``python -c`` again.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+PRELOAD = ("torch", "torch.distributed", "transformers", "transformers.image_processing_utils")
+
+SERVER = r"""
+import atexit, importlib, json, os, sys, threading, traceback, types
+proto = os.fdopen(os.dup(1), "w")  # the answers; what the imports print goes where stderr goes
+os.dup2(2, 1)
+devnull = os.open(os.devnull, os.O_RDONLY)
+for name in sys.argv[1:]:
+    try:
+        importlib.import_module(name)
+    except Exception:
+        pass
+print("ready" if threading.active_count() == 1 else "threads", file=proto, flush=True)
+
+def child(req):
+    os.dup2(devnull, 0)
+    for fd, path in ((1, req["out"]), (2, req["err"])):
+        f = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        os.dup2(f, fd)
+        os.close(f)
+    os.environ.clear()
+    os.environ.update(req["env"])
+    os.chdir(req["cwd"])
+    sys.argv = ["-c"]
+    main = types.ModuleType("__main__")
+    sys.modules["__main__"] = main
+    status = 0
+    try:
+        exec(compile(req["code"], "<string>", "exec"), main.__dict__)
+    except SystemExit as e:
+        if e.code is None:
+            status = 0
+        elif isinstance(e.code, int):
+            status = e.code
+        else:
+            print(e.code, file=sys.stderr)
+            status = 1
+    except BaseException:
+        traceback.print_exc()
+        status = 1
+    try:
+        threading._shutdown()
+        atexit._run_exitfuncs()
+        sys.stdout.flush()
+        sys.stderr.flush()
+    finally:
+        os._exit(status)
+
+for line in sys.stdin:
+    req = json.loads(line)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:
+        proto.close()
+        child(req)
+    print(f"pid {pid}", file=proto, flush=True)
+    _, status, usage = os.wait4(pid, 0)
+    code = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+    print(f"status {code} {usage.ru_utime + usage.ru_stime:.3f}", file=proto, flush=True)
+"""
+
+
+class Zygote:
+    def __init__(self, python: Path, env: dict, folder: Path):
+        self.python, self.folder = str(python), folder
+        self.cpu = 0.0  # CPU seconds of the children (not in this process's RUSAGE_CHILDREN)
+        self.proc = subprocess.Popen([self.python, "-c", SERVER, *PRELOAD], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.DEVNULL, env=env, cwd=folder, text=True)
+        first = self.proc.stdout.readline().strip()
+        if first != "ready":  # a thread started by an import: forking is not safe
+            self.close()
+            raise RuntimeError(f"zygote not ready: {first!r}")
+        self.n = 0
+
+    def run(self, code: str, env: dict, cwd: Path, timeout: float) -> subprocess.CompletedProcess:
+        self.n += 1
+        out, err = self.folder / f"out-{self.n}", self.folder / f"err-{self.n}"
+        self.proc.stdin.write(json.dumps({"code": code, "env": env, "cwd": str(cwd), "out": str(out), "err": str(err)}) + "\n")
+        self.proc.stdin.flush()
+        pid = int(self.proc.stdout.readline().split()[1])
+        deadline = time.monotonic() + timeout
+        killed = False
+        if not select.select([self.proc.stdout], [], [], max(0.0, deadline - time.monotonic()))[0]:
+            os.kill(pid, signal.SIGKILL)  # as subprocess.run does on its timeout
+            killed = True
+        _, code_s, cpu = self.proc.stdout.readline().split()
+        self.cpu += float(cpu)
+        stdout, stderr = out.read_text(errors="replace"), err.read_text(errors="replace")
+        out.unlink()
+        err.unlink()
+        args = [self.python, "-c", code]
+        if killed:
+            raise subprocess.TimeoutExpired(args, timeout, stdout, stderr)
+        return subprocess.CompletedProcess(args, int(code_s), stdout, stderr)
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        self.proc.wait(timeout=60)
+
+
+def start(python: Path, env: dict, folder: Path) -> Zygote | None:
+    """A zygote for python, or None (SGLPATCH_TEST_NO_ZYGOTE set, or it could not start safely)."""
+    if os.environ.get("SGLPATCH_TEST_NO_ZYGOTE"):
+        return None
+    try:
+        return Zygote(python, env, Path(tempfile.mkdtemp(dir=folder)))
+    except (OSError, RuntimeError, ValueError):
+        return None
