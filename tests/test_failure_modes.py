@@ -831,8 +831,14 @@ def test_two_applies_at_once(fresh):
     for line in first.stderr:
         if "sglang-0.5.9.tar.gz" in line:  # "extracting ..." or "taking the tree of ... from the tree cache": the lock is held
             break
-    second = c.apply()
-    export = c.export()
+    # held there with a real SIGSTOP: a tree from the tree cache makes the rest of the apply fast
+    # enough to finish before the other two start (CI saw the export pass, stop 33)
+    first.send_signal(signal.SIGSTOP)
+    try:
+        second = c.apply()
+        export = c.export()
+    finally:
+        first.send_signal(signal.SIGCONT)
     out, err = first.communicate(timeout=300)
     assert first.returncode == 0, err
     refused(second, "another sglpatch command", "wait for it")
