@@ -218,6 +218,7 @@ pytest_runtest_setup, pytest_runtest_call, pytest_runtest_teardown = (_timed(p) 
 
 
 def pytest_sessionfinish(session):
+    close_cli_zygotes()
     if CPU_LOG:  # each process's own total (collection and session teardowns included); xdist's
         # controller without its workers (they log their own)
         controller = not os.environ.get("PYTEST_XDIST_WORKER") and session.config.getvalue("dist") not in (None, "no")
@@ -426,11 +427,57 @@ def git(cwd: Path, *args: str, check: bool = True) -> str:
     return proc.stdout.strip()
 
 
+# `python -m sglpatch.cli ARGS` as a child forked from a zygote that imported sglpatch.cli once
+# (tests/zygote.py): importing it (GitPython, packaging, the commands) was 0.3 of the 0.4 CPU-seconds
+# a no-op apply took, and the suite runs about 700 of them. Each is still its own process with its own
+# environment, folder, exit status and signals. A plain subprocess where that could differ: another
+# PYTHON*/GIT_PYTHON*/locale setting than the zygote's, no git on PATH, SGLPATCH_TEST_NO_ZYGOTE=1.
+_CLI_ZYGOTES: dict = {}
+_CLI_CODE = "import sys\nfrom sglpatch.cli import main\nsys.exit(main())\n"
+
+
+def _zygote_key(env: dict) -> tuple:
+    keep = ("PYTHON", "GIT_PYTHON", "LANG", "LC_")
+    return tuple(sorted((k, v) for k, v in env.items() if k.startswith(keep)))
+
+
+def _cli_zygote(env: dict):
+    import zygote
+
+    if os.environ.get("SGLPATCH_TEST_NO_ZYGOTE") or not shutil.which("git", path=env.get("PATH", "")):
+        return None
+    key = _zygote_key(env)
+    if key not in _CLI_ZYGOTES:
+        folder = Path(tempfile.mkdtemp(prefix="sglpatch-cli-zygote-"))
+        _CLI_ZYGOTES[key] = zygote.start(sys.executable, env, folder, preload=("sglpatch.cli",))
+    return _CLI_ZYGOTES[key]
+
+
+def close_cli_zygotes() -> None:
+    for zy in _CLI_ZYGOTES.values():
+        if zy:
+            zy.close()  # waited for: its children's CPU is in RUSAGE_CHILDREN now
+            _ZYGOTE_CPU[0] -= zy.cpu
+            shutil.rmtree(zy.folder.parent, ignore_errors=True)
+    _CLI_ZYGOTES.clear()
+
+
+def run_cli(args: list, env: dict, cwd: Path, timeout: float) -> subprocess.CompletedProcess:
+    """`python -m sglpatch.cli *args` with exactly env, in cwd, as a CompletedProcess (text)."""
+    argv = [sys.executable, "-m", "sglpatch.cli", *map(str, args)]
+    zy = _cli_zygote(env)
+    if zy is None:
+        return subprocess.run(argv, cwd=cwd, capture_output=True, text=True, env=env, timeout=timeout)
+    before = zy.cpu
+    try:
+        return zy.run(_CLI_CODE, env, cwd, timeout, argv=[str(Path(zy.python).parent / "sglpatch"), *argv[3:]], args=argv)
+    finally:
+        _ZYGOTE_CPU[0] += zy.cpu - before
+
+
 def sglpatch(*args: str, cwd: Path | None = None, env: dict | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
-    """Run the real console entry point in a subprocess."""
+    """Run the real console entry point in its own process (run_cli)."""
     full_env = dict(os.environ)
     if env:
         full_env.update(env)
-    return subprocess.run(
-        [sys.executable, "-m", "sglpatch.cli", *args], cwd=cwd or ROOT, capture_output=True, text=True, env=full_env, timeout=timeout
-    )
+    return run_cli(list(args), full_env, cwd or ROOT, timeout)

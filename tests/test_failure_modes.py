@@ -36,7 +36,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, git
+from conftest import ROOT, git, run_cli
 from sglpatch import stack
 from sglpatch.cachedir import cache_dir
 from sglpatch.lock import read_lock, sha256_file, write_lock
@@ -155,10 +155,7 @@ class Case:
         return env
 
     def run(self, *args: str, env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
-        return subprocess.run(
-            [sys.executable, "-m", "sglpatch.cli", *args], cwd=self.tmp, capture_output=True, text=True,
-            env=self.env(env), timeout=timeout,
-        )
+        return run_cli(list(args), self.env(env), self.tmp, timeout)
 
     def apply(self, *extra: str, env: dict | None = None, workdir: Path | None = None) -> subprocess.CompletedProcess:
         source = () if "--source" in extra else ("--source", "sdist")  # the registry sdist unless a test says otherwise

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, git, make_venv, sglpatch
+from conftest import ROOT, git, make_venv, run_cli, sglpatch
 from sglpatch.lock import read_lock
 from sglpatch.series import read_series
 
@@ -118,8 +118,7 @@ def test_both_lines_side_by_side_in_a_fresh_clone(clone):
     base_env = {k: v for k, v in os.environ.items() if k != "SGLANG_FORK_DIR"}
 
     def run(*args):
-        return subprocess.run([sys.executable, "-m", "sglpatch.cli", *args], cwd=co, capture_output=True, text=True,
-                              env=dict(base_env, **env), timeout=900)
+        return run_cli(list(args), dict(base_env, **env), co, 900)
 
     primary = read_lock(co).version
     serve, scratch = _scratch(top / "serve"), _scratch(top / "scratch")

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
+from pathlib import Path
 
 import pytest
 
+from conftest import sglpatch
 from sglpatch import verify_profile as pr
 from sglpatch.errors import SglpatchError
 
@@ -105,12 +105,7 @@ def test_missing_file(tmp_path):
 
 
 def _cli(*args):
-    return subprocess.run(
-        [sys.executable, "-m", "sglpatch.cli", "profile-report", *map(str, args)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    return sglpatch("profile-report", *map(str, args), cwd=Path.cwd(), timeout=60)
 
 
 def test_cli_text(known_file):

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, make_venv, sglpatch
+from conftest import ROOT, make_venv, run_cli, sglpatch
 
 UV = shutil.which("uv")
 
@@ -88,7 +88,7 @@ def dry_run(ctx, project, requires: list[str], *extra: str, venv: Path | None = 
     env = dict(os.environ, **ctx["env"])
     env.pop("CUDA_HOME", None)
     env.update({k: v for k, v in ctx.get("extra_env", {}).items()})
-    return subprocess.run([sys.executable, "-m", "sglpatch.cli", *args], capture_output=True, text=True, env=env, timeout=300, cwd=ROOT)
+    return run_cli(list(args), env, ROOT, 300)
 
 
 def fails(proc) -> list[str]:

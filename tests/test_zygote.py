@@ -45,6 +45,16 @@ def test_each_run_is_what_python_c_gives(zy, tmp_path, name):
     assert got.args == [sys.executable, "-c", code]
 
 
+def test_the_callers_umask_is_the_childs(zy, tmp_path):
+    z, env = zy
+    old = os.umask(0o027)
+    try:
+        got = z.run("import os; open('f', 'w').close(); print(oct(os.stat('f').st_mode & 0o777))", env, tmp_path, timeout=60)
+    finally:
+        os.umask(old)
+    assert got.stdout == "0o640\n", got.stderr
+
+
 def test_a_timeout_kills_the_child_and_the_zygote_serves_on(zy, tmp_path):
     z, env = zy
     with pytest.raises(subprocess.TimeoutExpired) as e:
@@ -56,3 +66,17 @@ def test_a_timeout_kills_the_child_and_the_zygote_serves_on(zy, tmp_path):
 def test_no_zygote_when_asked(monkeypatch, tmp_path):
     monkeypatch.setenv("SGLPATCH_TEST_NO_ZYGOTE", "1")
     assert zygote.start(sys.executable, dict(os.environ), tmp_path) is None
+
+
+@pytest.mark.parametrize("args", [["--version"], ["apply", "--bogus"], ["status", "--workdir", "no-such-dir", "--project", "."]],
+                         ids=["version", "usage-error", "one-line-error"])
+def test_the_cli_from_its_zygote_is_the_cli_of_a_fresh_process(tmp_path, args):
+    """conftest.run_cli (a child of a zygote that imported sglpatch.cli) answers as `python -m sglpatch.cli` does."""
+    from conftest import _cli_zygote, run_cli
+
+    env = dict(os.environ, TMPDIR=str(tmp_path))
+    assert _cli_zygote(env) is not None
+    got = run_cli(args, env, tmp_path, 120)
+    want = subprocess.run([sys.executable, "-m", "sglpatch.cli", *args], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
+    assert (got.returncode, got.stdout, got.stderr) == (want.returncode, want.stdout, want.stderr)
+    assert got.args == [sys.executable, "-m", "sglpatch.cli", *args]

@@ -43,8 +43,11 @@ def child(req):
         os.close(f)
     os.environ.clear()
     os.environ.update(req["env"])
+    if "tempfile" in sys.modules:
+        sys.modules["tempfile"].tempdir = None  # TMPDIR is read again, from this run's environment
     os.chdir(req["cwd"])
-    sys.argv = ["-c"]
+    os.umask(req["umask"])
+    sys.argv = req.get("argv") or ["-c"]
     main = types.ModuleType("__main__")
     sys.modules["__main__"] = main
     status = 0
@@ -85,10 +88,10 @@ for line in sys.stdin:
 
 
 class Zygote:
-    def __init__(self, python: Path, env: dict, folder: Path):
+    def __init__(self, python: Path, env: dict, folder: Path, preload: tuple = PRELOAD):
         self.python, self.folder = str(python), folder
         self.cpu = 0.0  # CPU seconds of the children (not in this process's RUSAGE_CHILDREN)
-        self.proc = subprocess.Popen([self.python, "-c", SERVER, *PRELOAD], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        self.proc = subprocess.Popen([self.python, "-c", SERVER, *preload], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=subprocess.DEVNULL, env=env, cwd=folder, text=True)
         first = self.proc.stdout.readline().strip()
         if first != "ready":  # a thread started by an import: forking is not safe
@@ -96,10 +99,16 @@ class Zygote:
             raise RuntimeError(f"zygote not ready: {first!r}")
         self.n = 0
 
-    def run(self, code: str, env: dict, cwd: Path, timeout: float) -> subprocess.CompletedProcess:
+    def run(self, code: str, env: dict, cwd: Path, timeout: float, argv: list | None = None,
+            args: list | None = None) -> subprocess.CompletedProcess:
+        """code run as `python -c` runs it (sys.argv: argv, default ["-c"]); the result names args
+        (default [python, "-c", code]), the command it stands for."""
         self.n += 1
         out, err = self.folder / f"out-{self.n}", self.folder / f"err-{self.n}"
-        self.proc.stdin.write(json.dumps({"code": code, "env": env, "cwd": str(cwd), "out": str(out), "err": str(err)}) + "\n")
+        umask = os.umask(0o022)
+        os.umask(umask)  # the caller's, as a child of its own would inherit it
+        req = {"code": code, "env": env, "cwd": str(cwd), "out": str(out), "err": str(err), "argv": argv, "umask": umask}
+        self.proc.stdin.write(json.dumps(req) + "\n")
         self.proc.stdin.flush()
         pid = int(self.proc.stdout.readline().split()[1])
         deadline = time.monotonic() + timeout
@@ -112,7 +121,7 @@ class Zygote:
         stdout, stderr = out.read_text(errors="replace"), err.read_text(errors="replace")
         out.unlink()
         err.unlink()
-        args = [self.python, "-c", code]
+        args = args or [self.python, "-c", code]
         if killed:
             raise subprocess.TimeoutExpired(args, timeout, stdout, stderr)
         return subprocess.CompletedProcess(args, int(code_s), stdout, stderr)
@@ -122,11 +131,11 @@ class Zygote:
         self.proc.wait(timeout=60)
 
 
-def start(python: Path, env: dict, folder: Path) -> Zygote | None:
+def start(python: Path, env: dict, folder: Path, preload: tuple = PRELOAD) -> Zygote | None:
     """A zygote for python, or None (SGLPATCH_TEST_NO_ZYGOTE set, or it could not start safely)."""
     if os.environ.get("SGLPATCH_TEST_NO_ZYGOTE"):
         return None
     try:
-        return Zygote(python, env, Path(tempfile.mkdtemp(dir=folder)))
+        return Zygote(python, env, Path(tempfile.mkdtemp(dir=folder)), preload)
     except (OSError, RuntimeError, ValueError):
         return None
