@@ -206,7 +206,7 @@ def recorded_commit(path: Path) -> str:
             except KeyError:
                 return ""
     with readable(path), tarfile.open(path, "r:gz") as tf:
-        for m in tf.getmembers():
+        for m in tf:  # read as far as the file (near the start of SGLang's sdists), not the whole archive
             if m.name.split("/")[1:] == ["sglang", "_version.py"] and m.isfile():
                 return version_py_commit(tf.extractfile(m).read().decode("utf-8", "replace"))
     return ""
@@ -221,7 +221,7 @@ def metadata(path: Path) -> email.message.Message:
             text = zf.read(name).decode("utf-8", "replace") if name else ""
     else:
         with readable(path), tarfile.open(path, "r:gz") as tf:
-            for m in tf.getmembers():
+            for m in tf:  # PKG-INFO comes first in an sdist: no need to read the rest
                 if m.name.count("/") == 1 and m.name.endswith("/PKG-INFO") and m.isfile():
                     text = tf.extractfile(m).read().decode("utf-8", "replace")
                     break

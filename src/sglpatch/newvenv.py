@@ -54,7 +54,7 @@ def release_metadata(artifact: Path) -> tuple[str, str, list[str]]:
                 text = zf.read(names[0]).decode("utf-8") if names else ""
         else:
             with tarfile.open(artifact, "r:*") as tf:
-                member = next((m for m in tf.getmembers() if re.fullmatch(r"[^/]+/PKG-INFO", m.name) and m.isfile()), None)
+                member = next((m for m in tf if re.fullmatch(r"[^/]+/PKG-INFO", m.name) and m.isfile()), None)
                 text = tf.extractfile(member).read().decode("utf-8") if member else ""
     except (OSError, tarfile.TarError, zipfile.BadZipFile) as e:
         raise SglpatchError(f"cannot read the release metadata from {artifact}: {e}")
