@@ -52,24 +52,6 @@ TEST_CACHE = test_cache()
 os.environ["SGLPATCH_TEST_CACHE"] = os.environ["SGLPATCH_CACHE"] = str(TEST_CACHE)
 
 
-def _pip_index_for_the_tests() -> None:
-    """sglpatch asks pip which index it uses (`pip config get global.index-url`: half a CPU-second in
-    each command that reads the index) unless PIP_INDEX_URL says it. Asked once here and handed to
-    every test in PIP_INDEX_URL: the same answer, and the same index pip itself uses, so not where a
-    configuration names another index for some pip commands only (install.index-url, ...)."""
-    if os.environ.get("PIP_INDEX_URL"):
-        return
-    out = subprocess.run([sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True).stdout
-    if any(line.split("=", 1)[0].endswith(".index-url") and not line.startswith("global.") for line in out.splitlines()):
-        return
-    from sglpatch import pkgindex
-
-    os.environ["PIP_INDEX_URL"] = pkgindex.index_url()
-
-
-_pip_index_for_the_tests()
-
-
 @contextlib.contextmanager
 def cache_lock():
     """The test cache's lock: the first xdist worker (or a second session) fills the cache while the
