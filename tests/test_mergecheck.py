@@ -125,3 +125,38 @@ def test_upstream_redefinition_moved_by_the_patch_is_not_new(base_0510):
     worse = edit(g, upstream, {CAR: text + dup + "\n\ndef sglpatch_dup():\n    return 3\n"})
     probs = mergecheck.check(g, base, upstream, worse, [CAR])
     assert any("redefinition of unused 'sglpatch_dup'" in p for p in probs), probs
+
+
+WORDS = ["Any", "Dict", "append", "backend", "self", "x", "tp_size", "get_bool_env_var", "_planted_9", "größe", "a.b"]
+EDGE = ("xappend = 1\nappend_x = 2\n_planted_9=3\n_planted_90 = 4\nx\ngröße = 5\nab = 6\n(a.b)\n"
+        "def f(self, tp_size):\n    return self\n")
+
+
+def test_the_word_grep_finds_the_lines_git_grep_w_f_finds(base_0510, monkeypatch):
+    """mergecheck's one `git grep -P` alternation returns the very lines `git grep -w -F -e ...`
+    does (SGLang's real tree plus words at line ends, inside longer words, non-ASCII, a dot), and
+    defined_names answers the same through the -w -F fallback of a git without PCRE."""
+    from sglpatch.rebase import mergecheck
+
+    g, base = base_0510
+    commit = edit(g, base, {CAR: show(g, base, CAR) + EDGE})
+    args = ["grep", "-I", "-h", "-w", "-F", *[a for w in WORDS for a in ("-e", w)], commit, "--", "*.py"]
+    want = g.run(*args, check=False, strip=False)[1]
+    got = mergecheck._lines_naming(g, commit, WORDS)
+    assert got == want and "xappend" not in got.replace("append_x", "") and "größe = 5" in got and "(a.b)" in got
+    assert "_planted_90" not in got and "ab = 6" not in got
+    found = mergecheck.defined_names(g, commit, set(WORDS))
+    assert {"_planted_9", "größe", "tp_size", "self", "x", "get_bool_env_var"} <= found and "_planted_90" not in found
+    real_run = g.run
+
+    def no_pcre(*a, **kw):  # the one thing stood in for: a git built without PCRE refuses -P
+        if "-P" in a:
+            return 128, "", "fatal: cannot use Perl-compatible regexes when not compiled with USE_LIBPCRE"
+        return real_run(*a, **kw)
+
+    monkeypatch.setattr(g, "run", no_pcre)
+    assert mergecheck._lines_naming(g, commit, WORDS) == want
+    mergecheck._NAMES.clear()
+    monkeypatch.setattr(mergecheck.treecache, "load_facts", lambda kind, oid: {})
+    monkeypatch.setattr(mergecheck.treecache, "save_facts", lambda kind, oid, facts: None)
+    assert mergecheck.defined_names(g, commit, set(WORDS)) == found

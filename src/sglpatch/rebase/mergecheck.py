@@ -145,9 +145,23 @@ _TREES: dict[str, str] = {}
 _NAMES: dict[str, dict[str, bool]] = {}  # tree id -> name -> defined (trees are immutable)
 
 
+def _lines_naming(git: Git, commit: str, names: list[str]) -> str:
+    """The lines of commit's Python files that hold one of names as a word. One Perl-style
+    alternation: git's -w -F with many names retries at every near miss, 10 s and more on SGLang's
+    tree where the same lines take under 1 s this way. -w -F where git has no PCRE."""
+    alternation = "|".join(re.escape(n) for n in names)
+    rc, out, _ = git.run("grep", "-I", "-h", "-P", "-e", rf"\b(?:{alternation})\b", commit, "--", "*.py", check=False, strip=False)
+    if rc in (0, 1):
+        return out
+    args = ["grep", "-I", "-h", "-w", "-F"]
+    for n in names:
+        args += ["-e", n]
+    return git.run(*args, commit, "--", "*.py", check=False, strip=False)[1]
+
+
 def defined_names(git: Git, commit: str, names: set[str]) -> set[str]:
     """Which of names some Python file in commit's tree defines (def/class/assignment/parameter/
-    keyword/import): one fixed-string `git grep -w` over the tree for all names not known yet,
+    keyword/import): one `git grep` over the tree for all names not known yet (_lines_naming),
     then the patterns above on the lines each name occurs in. What is found is kept per tree
     (in memory and in the tree cache's facts), so a tree is searched once per name."""
     tree = _tree_id(git, commit)
@@ -156,10 +170,7 @@ def defined_names(git: Git, commit: str, names: set[str]) -> set[str]:
         known = _NAMES[tree] = treecache.load_facts("names", tree)
     todo = sorted(set(names) - known.keys())
     if todo:
-        args = ["grep", "-I", "-h", "-w", "-F"]
-        for n in todo:
-            args += ["-e", n]
-        rc, out, _ = git.run(*args, commit, "--", "*.py", check=False, strip=False)
+        out = _lines_naming(git, commit, todo)
         words = re.compile(r"\b(" + "|".join(re.escape(n) for n in sorted(todo, key=len, reverse=True)) + r")\b")
         pats = {n: _def_patterns(n) for n in todo}
         found: set[str] = set()
