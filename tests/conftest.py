@@ -110,17 +110,15 @@ END_TO_END = {
 # xdist 3.8's loadgroup cannot rename pytest 9's node ids.)
 SPLIT = {"test_failure_modes.py": 4, "test_failure_modes_2.py": 3}
 PATCH_TESTS = "patches"
-COST = {  # CPU seconds per file: the fresh-clone run of the merged suite (issue 29, 670 tests), the files
-    # this branch made cheaper scaled by their measured back-to-back ratio (apply/rebase fetch the
-    # upstream tree from the tree cache; the patch tests fork from a zygote)
-    "test_failure_modes.py": 160, "test_failure_modes_2.py": 125, "test_scripts_fresh_shell.py": 90, "test_lines.py": 75,
-    "test_kernel_candidates.py": 74, "test_rebase.py": 70, "test_port_0523.py": 62, "test_regress_server.py": 55,
-    "test_watch.py": 53, "test_apply_cli.py": 40, "test_stack.py": 34, "test_doctor.py": 27, "test_kernel_stress.py": 25,
-    "test_regress_ab.py": 25, "test_venv_preflight.py": 25, "test_bisect.py": 22, "test_unpack.py": 22,
-    "test_install_wheel_tree.py": 20, "test_rebase_tree_check.py": 20, "test_failure_modes_3.py": 13,
-    "test_cli_first_contact.py": 12, "test_flashinfer_set.py": 11, "test_formatters.py": 8, "test_zygote.py": 7,
-    "test_doctor_procs.py": 4, "test_doctor_pidns.py": 4,
-    PATCH_TESTS: 35,  # tests/patches/, one group: one patched venv and one zygote, not one per worker
+COST = {  # CPU seconds per file: a fresh-clone run of the suite after the CLI zygote (issue 29, 703 tests)
+    "test_failure_modes.py": 265, "test_failure_modes_2.py": 176, "test_scripts_fresh_shell.py": 157,
+    "test_kernel_candidates.py": 120, "test_regress_server.py": 105, "test_rebase.py": 88, "test_lines.py": 77,
+    "test_port_0523.py": 74, "test_stack.py": 72, "test_regress_ab.py": 56, "test_watch.py": 53, "test_doctor.py": 45,
+    "test_kernel_stress.py": 44, "test_unpack.py": 35, "test_apply_cli.py": 34, "test_venv_preflight.py": 30,
+    "test_bisect.py": 27, "test_install_wheel_tree.py": 24, "test_cli_first_contact.py": 18, "test_rebase_tree_check.py": 17,
+    "test_flashinfer_set.py": 17, "test_formatters.py": 15, "test_failure_modes_3.py": 11, "test_zygote.py": 9,
+    "test_mergecheck.py": 8, "test_doctor_procs.py": 6, "test_doctor_pidns.py": 6,
+    PATCH_TESTS: 48,  # tests/patches/, one group: one patched venv and one zygote, not one per worker
 }
 
 
