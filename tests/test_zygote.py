@@ -80,3 +80,20 @@ def test_the_cli_from_its_zygote_is_the_cli_of_a_fresh_process(tmp_path, args):
     want = subprocess.run([sys.executable, "-m", "sglpatch.cli", *args], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
     assert (got.returncode, got.stdout, got.stderr) == (want.returncode, want.stdout, want.stderr)
     assert got.args == [sys.executable, "-m", "sglpatch.cli", *args]
+
+
+def test_tmpdir_is_read_from_the_childs_environment(tmp_path):
+    """A preloaded module that asked tempfile for its folder in the zygote does not pin it: each child
+    reads TMPDIR from its own environment, as a fresh process does."""
+    mod = tmp_path / "mods"
+    mod.mkdir()
+    (mod / "asks_tmp.py").write_text("import tempfile\nFOLDER = tempfile.gettempdir()\n")
+    env = dict(os.environ, PYTHONPATH=str(mod), TMPDIR=str(tmp_path))
+    z = zygote.Zygote(sys.executable, env, tmp_path, preload=("asks_tmp",))
+    try:
+        mine = tmp_path / "mine"
+        mine.mkdir()
+        got = z.run("import tempfile; print(tempfile.gettempdir())", dict(env, TMPDIR=str(mine)), tmp_path, timeout=60)
+    finally:
+        z.close()
+    assert got.stdout == f"{mine}\n", got.stderr
