@@ -189,12 +189,27 @@ if os.getpid() != int(os.environ["SGLPATCH_TEST_CPU_ROOT"]) and not (
     CPU_LOG = None  # a pytest that a test started (tests/patches on a rebased tree): its CPU is that test's
 
 
-_ZYGOTE_CPU = [0.0]  # the children of run_patched's zygote: not this process's children
+_LIVE_ZYGOTES: list = []  # started, not closed: their children are not this process's children yet
+
+
+def start_zygote(python: Path, env: dict, folder: Path, **kw):
+    """zygote.start, with the zygote's children counted in this process's CPU until close_zygote."""
+    import zygote
+
+    zy = zygote.start(python, env, folder, **kw)
+    if zy:
+        _LIVE_ZYGOTES.append(zy)
+    return zy
+
+
+def close_zygote(zy) -> None:
+    zy.close()  # waited for: its children's CPU is in RUSAGE_CHILDREN now
+    _LIVE_ZYGOTES.remove(zy)
 
 
 def _cpu_now() -> float:
     s, c = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    return s.ru_utime + s.ru_stime + c.ru_utime + c.ru_stime + _ZYGOTE_CPU[0]
+    return s.ru_utime + s.ru_stime + c.ru_utime + c.ru_stime + sum(zy.cpu for zy in _LIVE_ZYGOTES)
 
 
 def _cpu_log(**rec) -> None:
@@ -393,30 +408,23 @@ def run_patched(patched_python, tmp_path_factory):
     """run(code, env, timeout): `patched_python -c code` (CUDA hidden), as a CompletedProcess. A
     child forked from a zygote that imported torch and transformers once (tests/zygote.py), unless
     SGLPATCH_PATCHED_PYTHON names another Python or the env changes a PYTHON* variable."""
-    import zygote
-
     cwd = tmp_path_factory.mktemp("run")
     base = dict(os.environ)
     base.pop("PYTHONPATH", None)
     base.setdefault("CUDA_VISIBLE_DEVICES", "")
-    zy = None if os.environ.get("SGLPATCH_PATCHED_PYTHON") else zygote.start(patched_python, base, cwd)
+    zy = None if os.environ.get("SGLPATCH_PATCHED_PYTHON") else start_zygote(patched_python, base, cwd)
 
     def run(code: str, env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
         full_env = dict(base, **(env or {}))
         if zy and not any(k.startswith("PYTHON") and base.get(k) != v for k, v in (env or {}).items()):
-            before = zy.cpu
-            try:
-                return zy.run(code, full_env, cwd, timeout)
-            finally:
-                _ZYGOTE_CPU[0] += zy.cpu - before
+            return zy.run(code, full_env, cwd, timeout)
         return subprocess.run(
             [str(patched_python), "-c", code], capture_output=True, text=True, env=full_env, timeout=timeout, cwd=cwd
         )
 
     yield run
     if zy:
-        zy.close()  # waited for: its children's CPU is in RUSAGE_CHILDREN now
-        _ZYGOTE_CPU[0] -= zy.cpu
+        close_zygote(zy)
 
 
 def git(cwd: Path, *args: str, check: bool = True) -> str:
@@ -443,23 +451,19 @@ def _zygote_key(env: dict) -> tuple:
 
 
 def _cli_zygote(env: dict):
-    import zygote
-
     if os.environ.get("SGLPATCH_TEST_NO_ZYGOTE") or not shutil.which("git", path=env.get("PATH", "")):
         return None
     key = _zygote_key(env)
-    if key not in _CLI_ZYGOTES:
-        folder = Path(tempfile.mkdtemp(prefix="sglpatch-cli-zygote-"))
-        _CLI_ZYGOTES[key] = zygote.start(sys.executable, env, folder, preload=("sglpatch.cli",))
+    if key not in _CLI_ZYGOTES:  # its folder (output files) in this process's temp folder
+        _CLI_ZYGOTES[key] = start_zygote(sys.executable, env, Path(tempfile.gettempdir()), preload=("sglpatch.cli",))
     return _CLI_ZYGOTES[key]
 
 
 def close_cli_zygotes() -> None:
     for zy in _CLI_ZYGOTES.values():
         if zy:
-            zy.close()  # waited for: its children's CPU is in RUSAGE_CHILDREN now
-            _ZYGOTE_CPU[0] -= zy.cpu
-            shutil.rmtree(zy.folder.parent, ignore_errors=True)
+            close_zygote(zy)
+            shutil.rmtree(zy.folder, ignore_errors=True)
     _CLI_ZYGOTES.clear()
 
 
@@ -469,11 +473,7 @@ def run_cli(args: list, env: dict, cwd: Path, timeout: float) -> subprocess.Comp
     zy = _cli_zygote(env)
     if zy is None:
         return subprocess.run(argv, cwd=cwd, capture_output=True, text=True, env=env, timeout=timeout)
-    before = zy.cpu
-    try:
-        return zy.run(_CLI_CODE, env, cwd, timeout, argv=[str(Path(zy.python).parent / "sglpatch"), *argv[3:]], args=argv)
-    finally:
-        _ZYGOTE_CPU[0] += zy.cpu - before
+    return zy.run(_CLI_CODE, env, cwd, timeout, argv=[str(Path(zy.python).parent / "sglpatch"), *argv[3:]], args=argv)
 
 
 def sglpatch(*args: str, cwd: Path | None = None, env: dict | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
