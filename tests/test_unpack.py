@@ -186,3 +186,16 @@ def test_a_cached_object_whose_content_is_not_its_id_never_reaches_the_workdir(t
     assert len(lines) == 2 and lines[0].endswith(f"taking the tree of {sdist_059.name} from the tree cache"), err
     assert lines[1].startswith(f"sglpatch: could not fetch the tree of {sdist_059.name} from the tree cache (")
     assert lines[1].endswith("); extracting it instead") and f"extracting {sdist_059.name} under python/" in err
+
+
+def test_sdist_facts_read_from_the_head_of_the_real_sdists(sdist_059, sdist_0510):
+    """recorded_commit, metadata and release_metadata read only as far as their file: still the real
+    sdists' answers (0.5.9's _version.py is its 14th member, past any short cut; 0.5.10.post1
+    records no commit)."""
+    from sglpatch import artifacts, newvenv
+
+    assert artifacts.recorded_commit(sdist_059) == read_lock(ROOT).commit == "bbe9c7eeb"
+    assert artifacts.recorded_commit(sdist_0510) == ""
+    assert [artifacts.metadata(p)["Version"] for p in (sdist_059, sdist_0510)] == ["0.5.9", "0.5.10.post1"]
+    name, version, reqs = newvenv.release_metadata(sdist_059)
+    assert (name, version) == ("sglang", "0.5.9") and any(r.startswith("torch") for r in reqs)
