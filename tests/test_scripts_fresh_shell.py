@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
+import sys
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -337,14 +339,19 @@ def test_readme_move_the_server_is_the_watch_then_one_command(tool, home, tmp_pa
     watch, apply = _readme_move_block()
     assert watch == ["scripts/watch.sh"]
     assert apply == ["scripts/apply.sh", "--line", "0.5.23", "--venv", "~/ml-env-0.5.23", "--dry-run"]
+    uv = shutil.which("uv") or str(Path(sys.executable).with_name("uv"))  # requirements-test.txt installs it
+    (home / ".local" / "bin").mkdir(parents=True)
+    (home / ".local" / "bin" / "uv").symlink_to(uv)  # the user's ~/.local/bin/uv (USER-CONTEXT); not on PATH
     files = ("series", "upstream.lock", *(f"patches/{n}" for n in sorted(p.name for p in (ROOT / "patches").iterdir())))
     before = {f: hashlib.sha256((ROOT / f).read_bytes()).hexdigest() for f in files}
     w = run_fresh(["bash", ROOT / watch[0], "--releases", "0.5.23"], home, tool.venv, cwd=ROOT, timeout=1200)
     assert w.returncode == exitcodes.OK, w.stdout[-3000:] + w.stderr[-3000:]
     assert "line 0.5.23 in the checkout (lines/0.5.23/, 2 patches: P1 P4): scripts/apply.sh --line 0.5.23 --venv NEWDIR" in w.stdout
     cmd = ["bash", ROOT / apply[0], *[a.replace("~", str(home), 1) if a.startswith("~") else a for a in apply[1:]]]
-    a = run_fresh(cmd, home, tool.venv, cwd=ROOT, timeout=1200)
+    # uv with the machine's certificate store, as /etc/pip.conf's `cert` gives pip (a TLS proxy here)
+    a = run_fresh(cmd, home, tool.venv, cwd=ROOT, timeout=1200, UV_SYSTEM_CERTS="1")
     out = a.stdout
+    assert f"resolved by: {home}/.local/bin/uv pip compile " in out, out[-3000:]  # the user's uv, found without PATH
     assert "Traceback" not in out + a.stderr and "sglang 0.5.23: " in a.stderr, a.stderr[-3000:]
     assert "requirements from sglang-0.5.23-" in a.stderr
     pins = out.split("the release's pins: ", 1)[1].split("\n", 1)[0] + " "
