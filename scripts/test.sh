@@ -119,6 +119,9 @@ if [ "$(cat "$VENV0523/.sglpatch-reqs" 2>/dev/null)" != "$REQS0523" ]; then
   fi
 fi
 export SGLPATCH_TEST_VENV_0523="$VENV0523"
+# the tool's bytecode, written once: with PYTHONDONTWRITEBYTECODE set (CI sets it) each of the
+# suite's hundreds of `python -m sglpatch...` processes would compile src/ again (~0.2 CPU-s each)
+"$PY" -m compileall -q src >/dev/null || true
 # the venv's tools (uv, black, sglpatch) on PATH, as an activated venv would have them
 export PATH="$(dirname "$(command -v "$PY")"):$PATH"
 # --durations: the slowest tests at the end of the log, where the CI time goes; and by CPU
