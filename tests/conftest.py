@@ -482,3 +482,13 @@ def sglpatch(*args: str, cwd: Path | None = None, env: dict | None = None, timeo
     if env:
         full_env.update(env)
     return run_cli(list(args), full_env, cwd or ROOT, timeout)
+
+
+def loosen(repo: Path) -> None:
+    """A repository's packs back to loose objects: a tree cache as an earlier sglpatch left it, or
+    as a kill between an unpack and its packing leaves it."""
+    for pack in sorted((repo / "objects" / "pack").glob("pack-*.pack")):
+        data = pack.read_bytes()
+        for f in pack.parent.glob(f"{pack.stem}.*"):
+            f.unlink()
+        subprocess.run(["git", "unpack-objects", "-q"], cwd=repo, input=data, check=True)

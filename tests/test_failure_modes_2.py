@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import SDIST_0510_SHA256, git
+from conftest import SDIST_0510_SHA256, git, loosen
 from sglpatch.lock import read_lock
 import test_failure_modes as fm
 import test_venv_preflight as vp
@@ -429,9 +429,10 @@ def test_poisoned_tree_cache_is_unpacked_again(tmp_path, rb_golden, how):
     c.outside_clean()
 
 
-def test_truncated_object_in_the_tree_cache_is_healed(tmp_path, rb_golden):
-    """A loose object of a cached tree cut in half: the damaged object and the trees holding it
-    are dropped and unpacked again (one line), the answer is the same as before."""
+@pytest.mark.parametrize("where", ["loose", "pack"])
+def test_damaged_object_in_the_tree_cache_is_healed(tmp_path, rb_golden, where):
+    """A cached tree's object cut in half, loose or in its pack: the damaged object (or pack) and
+    the trees holding it are dropped and unpacked again (one line), the answer is the same."""
     c = Case(tmp_path, rb_golden)
     cache = private_cache(c)
     env = {"SGLPATCH_CACHE": str(cache)}
@@ -439,17 +440,27 @@ def test_truncated_object_in_the_tree_cache_is_healed(tmp_path, rb_golden):
     honest = c.run(*cmd, env=env)
     assert honest.returncode in (0, 2), honest.stdout + honest.stderr
     cg = cache / "trees.git"
+    packs = sorted((cg / "objects" / "pack").glob("pack-*.pack"))
+    assert packs and git(cg, "count-objects").startswith("0 objects"), packs  # the unpack packed its objects
     blob = git(cg, "rev-parse", f"refs/sglpatch/trees/{SDIST_0510_SHA256}:{P2_FILE}")  # a file patch 2 changes
-    obj = cg / "objects" / blob[:2] / blob[2:]
-    data = obj.read_bytes()
-    obj.chmod(0o644)
-    obj.write_bytes(data[: len(data) // 2])
+    if where == "loose":
+        loosen(cg)
+        target, needle = cg / "objects" / blob[:2] / blob[2:], blob
+    else:
+        idx = {p: subprocess.run(["git", "show-index"], stdin=open(p.with_suffix(".idx"), "rb"), capture_output=True,
+                                 text=True, check=True).stdout for p in packs}
+        target = next(p for p in packs if f" {blob} " in idx[p])
+        needle = target.stem
+    data = target.read_bytes()
+    target.chmod(0o644)
+    target.write_bytes(data[: len(data) // 2])
     again = c.run(*cmd, env=env)
     assert again.returncode == honest.returncode, again.stdout + again.stderr
     assert no_timing(again.stdout) == no_timing(honest.stdout)
     assert "Traceback" not in again.stderr
-    assert any("damaged" in line and blob in line for line in again.stderr.splitlines()), again.stderr
+    assert [line for line in again.stderr.splitlines() if "damaged" in line and needle in line], again.stderr
     assert git(cg, "cat-file", "-t", blob) == "blob" and len(git(cg, "cat-file", "-p", blob)) > 0
+    assert subprocess.run(["git", "fsck", "--no-dangling"], cwd=cg, capture_output=True).returncode == 0
     c.outside_clean()
 
 

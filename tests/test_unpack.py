@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, git, lock_0510
+from conftest import ROOT, git, lock_0510, loosen
 from sglpatch import treecache, unpack
 from sglpatch import upstream as up
 from sglpatch.errors import SglpatchError
@@ -143,6 +143,7 @@ def poisoned_cache(tmp_path: Path, monkeypatch, sdist_059) -> tuple[Git, str, st
     (tmp_path / "cache" / "sdist" / sdist_059.name).write_bytes(sdist_059.read_bytes())
     _, honest = build(tmp_path / "honest", read_lock(ROOT))
     cg = treecache.cache_repo()
+    loosen(cg.workdir)  # loose objects, as an earlier sglpatch left them: a file per object to poison
     return cg, cg.rev(f"{treecache.TREE_REF}/{read_lock(ROOT).sdist_sha256}"), honest
 
 
