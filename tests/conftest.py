@@ -326,9 +326,10 @@ def patched_tree(tmp_path_factory, request) -> Path:
         assert out.returncode == 0, f"{installed} cannot import sglang: {out.stderr[-500:]}"
         return Path(out.stdout.strip().splitlines()[-1]).resolve().parents[2]
     request.getfixturevalue("sdist_059")  # fetched under the cache's lock
-    workdir = tmp_path_factory.mktemp("fork") / "sglang-fork"
-    stack.apply(ROOT, workdir, source="sdist")
-    return workdir
+    with built_once(tmp_path_factory, "patched-fork") as (workdir, done):
+        if not done:
+            stack.apply(ROOT, workdir / "sglang-fork", source="sdist")
+    return workdir / "sglang-fork"
 
 
 def venv_0523() -> Path:
@@ -380,7 +381,13 @@ def patched_python(tmp_path_factory, request) -> Path:
     if installed:
         return Path(installed)
     patched_tree = request.getfixturevalue("patched_tree")
-    py = make_venv(tmp_path_factory.mktemp("venv") / "env")
+    with built_once(tmp_path_factory, "patched-venv") as (where, done):
+        if not done:
+            _install_patched(make_venv(where / "env"), patched_tree)
+    return where / "env" / "bin" / "python"
+
+
+def _install_patched(py: Path, patched_tree: Path) -> None:
     cmd = [
         str(py),
         "-m",
@@ -400,7 +407,24 @@ def patched_python(tmp_path_factory, request) -> Path:
     assert proc.returncode == 0, proc.stderr[-3000:]
     # the build rewrites _version.py; keep the tree as apply left it
     subprocess.run(["git", "checkout", "-q", "--", "python/sglang/_version.py"], cwd=patched_tree, check=False)
-    return py
+
+
+@contextlib.contextmanager
+def built_once(tmp_path_factory, name: str):
+    """(folder, done): a folder the whole run shares (all xdist workers: under the run's base temp
+    folder), built by the first worker that asks while the others wait on its lock; done says it
+    was built before. A build that failed or was killed is started over. Read-only to its users."""
+    base = tmp_path_factory.getbasetemp()
+    root = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    where, stamp = root / f"shared-{name}", root / f"shared-{name}.done"
+    with open(root / f"shared-{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        done = stamp.is_file()
+        if not done:
+            shutil.rmtree(where, ignore_errors=True)
+            where.mkdir()
+        yield where, done
+        stamp.touch()
 
 
 @pytest.fixture(scope="session")

@@ -316,6 +316,7 @@ def _row(out: str, needle: str) -> str:
 @real
 def test_real_dry_run_reports_p3_upstream_p2_conflict(patched_tree, tmp_path):
     project = real_project(tmp_path / "project")
+    patched_tree = copy_tree(patched_tree, tmp_path / "workdir")  # the run shares patched_tree: a copy of our own
     before = snapshot(patched_tree, project)
     res = run("--workdir", str(patched_tree), "--project", str(project), "--onto", TARGET, "--dry-run")
     assert res.returncode == 0, res.stdout + res.stderr  # work, done unattended thanks to the recording (exit 0, as watch says it)
