@@ -36,7 +36,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, git, run_cli
+from conftest import ROOT, built_once, git, run_cli
 from sglpatch import stack
 from sglpatch.cachedir import cache_dir
 from sglpatch.lock import read_lock, sha256_file, write_lock
@@ -79,7 +79,15 @@ def once(fn):
 @pytest.fixture(scope="session")
 @once
 def golden(tmp_path_factory, sdist_059):
-    base = tmp_path_factory.mktemp("fm-golden")
+    """Built once for the run (all workers); every case copies it."""
+    with built_once(tmp_path_factory, "fm-golden") as (base, done):
+        if not done:
+            _build_golden(base)
+    cache = cache_dir()
+    return {"project": base / "project", "fork": base / "fork", "cache": cache, "cache_listing": sdist_cache(cache)}
+
+
+def _build_golden(base: Path) -> None:
     proj = base / "project"
     (proj / "patches").mkdir(parents=True)
     lock = read_lock(ROOT)
@@ -102,8 +110,6 @@ def golden(tmp_path_factory, sdist_059):
     assert len((proj / "series").read_text().split(".patch")) == 3
     # one pack instead of ~2000 loose objects: each case copies this workdir (cp -a), in half the time
     git(wd, "repack", "-a", "-d", "-q")
-    cache = cache_dir()
-    return {"project": proj, "fork": wd, "cache": cache, "cache_listing": sdist_cache(cache)}
 
 
 def sdist_cache(cache: Path) -> list:
@@ -1201,19 +1207,20 @@ GATE = "python/sglang/srt/distributed/device_communicators/custom_all_reduce.py"
 @once
 def rb_golden(golden, tmp_path_factory, sdist_0510):
     """The two-patch project plus P3 (so the rebase drops one), the target's recorded pin, a CHANGELOG."""
-    base = tmp_path_factory.mktemp("fm-rebase")
-    proj, wd = base / "project", base / "fork"
-    shutil.copytree(golden["project"], proj)
-    subprocess.run(["cp", "-a", str(golden["fork"]), str(wd)], check=True)
-    shutil.copy2(ROOT / "patches" / P3_UPSTREAM, proj / "patches" / P3_UPSTREAM)
-    with open(proj / "series", "a") as f:
-        f.write(P3_UPSTREAM + "\n")
-    (proj / "resolutions" / REBASE_TARGET).mkdir(parents=True)
-    shutil.copy2(ROOT / "resolutions" / REBASE_TARGET / "target.toml", proj / "resolutions" / REBASE_TARGET / "target.toml")
-    (proj / "CHANGELOG.md").write_text("# Changelog\n\n## 0.1.0\n- started\n")
-    stack.apply(proj, wd, source="sdist")
-    stack.update_blobs(proj, wd)
-    assert stack.apply(proj, wd, source="sdist").changed is False
+    with built_once(tmp_path_factory, "fm-rebase") as (base, done):
+        proj, wd = base / "project", base / "fork"
+        if not done:
+            shutil.copytree(golden["project"], proj)
+            subprocess.run(["cp", "-a", str(golden["fork"]), str(wd)], check=True)
+            shutil.copy2(ROOT / "patches" / P3_UPSTREAM, proj / "patches" / P3_UPSTREAM)
+            with open(proj / "series", "a") as f:
+                f.write(P3_UPSTREAM + "\n")
+            (proj / "resolutions" / REBASE_TARGET).mkdir(parents=True)
+            shutil.copy2(ROOT / "resolutions" / REBASE_TARGET / "target.toml", proj / "resolutions" / REBASE_TARGET / "target.toml")
+            (proj / "CHANGELOG.md").write_text("# Changelog\n\n## 0.1.0\n- started\n")
+            stack.apply(proj, wd, source="sdist")
+            stack.update_blobs(proj, wd)
+            assert stack.apply(proj, wd, source="sdist").changed is False
     return dict(golden, project=proj, fork=wd)
 
 
