@@ -216,7 +216,10 @@ def lend(git: Git, kind: str, path: Path, sha256: str, subdir: str, tree: str) -
                          "--end-of-options", str(cg.workdir), commit, check=False)
     if rc != 0 or git.run("cat-file", "-t", tree, check=False)[1].strip() != "tree":
         say(f"could not fetch the tree of {path.name} from the tree cache ({last_line(err, f'exit {rc}')}); extracting it instead")
-        heal(GitError(err))  # a damaged object or pack is removed, so that the next run unpacks it again
+        try:  # a damaged object or pack is removed, so that the next run unpacks it again
+            heal(GitError(err))
+        except (SglpatchError, OSError):
+            pass
         return False
     return True
 
