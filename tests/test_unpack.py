@@ -200,3 +200,21 @@ def test_sdist_facts_read_from_the_head_of_the_real_sdists(sdist_059, sdist_0510
     assert [artifacts.metadata(p)["Version"] for p in (sdist_059, sdist_0510)] == ["0.5.9", "0.5.10.post1"]
     name, version, reqs = newvenv.release_metadata(sdist_059)
     assert (name, version) == ("sglang", "0.5.9") and any(r.startswith("torch") for r in reqs)
+
+
+@pytest.mark.parametrize("cap", [64 << 20, 1 << 20])  # the real sdist under the in-memory cap, and over it
+def test_the_tree_id_is_the_same_read_from_memory_or_from_the_file(sdist_059, monkeypatch, cap):
+    monkeypatch.setattr(unpack, "IN_MEMORY", cap)
+    assert unpack.sdist_tree(sdist_059, "python") == ("faf9cae5fbecdc275bdf060400e08ccaf0ec04d2", "bbe9c7eeb")
+
+
+@pytest.mark.parametrize("damage", ["junk", "cut"])
+def test_an_sdist_that_is_no_gzipped_tar_is_one_line(tmp_path, sdist_059, damage):
+    from sglpatch import artifacts
+
+    bad = tmp_path / sdist_059.name
+    data = sdist_059.read_bytes()
+    bad.write_bytes(b"not a tarball\n" * 100 if damage == "junk" else data[: len(data) // 2])
+    with pytest.raises(artifacts.ArtifactError, match=r"not a readable sdist \(gzip'd tar file\)"):
+        with artifacts.readable(bad):
+            unpack.sdist_tree(bad, "python")

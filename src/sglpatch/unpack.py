@@ -10,7 +10,9 @@ serves it to workdirs that way instead of extracting the sdist again.
 
 from __future__ import annotations
 
+import gzip
 import hashlib
+import io
 import os
 import re
 import shutil
@@ -34,6 +36,21 @@ def version_commit(text: str) -> str:
     """The commit id an sdist's sglang/_version.py records ('' when none)."""
     m = VERSION_COMMIT_RE.search(text)
     return m.group(1) if m else ""
+
+
+# a tarball decompressed to at most this many bytes is read from memory: listing its members and
+# then reading them would otherwise decompress a .tar.gz twice (an sdist: 0.47 -> 0.3 CPU-s)
+IN_MEMORY = 512 << 20
+
+
+def _open(tarball: Path) -> tarfile.TarFile:
+    """tarball (a .tar.gz) as a TarFile: from memory when it decompresses to IN_MEMORY or less,
+    else read from the file (no bigger allocation for a hostile archive)."""
+    with gzip.open(tarball, "rb") as f:
+        data = f.read(IN_MEMORY + 1)
+    if len(data) > IN_MEMORY:
+        return tarfile.open(tarball, "r:gz")
+    return tarfile.open(fileobj=io.BytesIO(data), mode="r:")
 
 
 def _members(tf: tarfile.TarFile, tarball: Path) -> list[tuple[tarfile.TarInfo, str]]:
@@ -62,7 +79,7 @@ def _members(tf: tarfile.TarFile, tarball: Path) -> list[tuple[tarfile.TarInfo, 
 
 def safe_extract(tarball: Path, dest: Path) -> str:
     """Extract tarball's single top folder's content into dest; return the sdist's commit id."""
-    with tarfile.open(tarball, "r:gz") as tf:
+    with _open(tarball) as tf:
         for m, rel in _members(tf, tarball):
             out = dest / rel
             if m.isdir():
@@ -132,7 +149,7 @@ def sdist_tree(tarball: Path, subdir: str) -> tuple[str | None, str]:
     caller extracts it instead."""
     t = _Tree()
     commit = ""
-    with tarfile.open(tarball, "r:gz") as tf:
+    with _open(tarball) as tf:
         for m, rel in _members(tf, tarball):
             parts = [subdir, *rel.split("/")]
             if m.isdir():
