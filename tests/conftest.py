@@ -381,7 +381,7 @@ def patched_python(tmp_path_factory, request) -> Path:
     if installed:
         return Path(installed)
     patched_tree = request.getfixturevalue("patched_tree")
-    with built_once(tmp_path_factory, "patched-venv") as (where, done):
+    with built_once(tmp_path_factory, "patched-venv", str(patched_tree)) as (where, done):
         if not done:
             _install_patched(make_venv(where / "env"), patched_tree)
     return where / "env" / "bin" / "python"
@@ -410,21 +410,25 @@ def _install_patched(py: Path, patched_tree: Path) -> None:
 
 
 @contextlib.contextmanager
-def built_once(tmp_path_factory, name: str):
+def built_once(tmp_path_factory, name: str, key: str = ""):
     """(folder, done): a folder the whole run shares (all xdist workers: under the run's base temp
     folder), built by the first worker that asks while the others wait on its lock; done says it
-    was built before. A build that failed or was killed is started over. Read-only to its users."""
+    was built before, for the same key. A build that failed or was killed is started over.
+    Read-only to its users. A pytest run inside a test (PYTEST_XDIST_WORKER inherited) has a base
+    temp folder of its own, so it builds its own."""
     base = tmp_path_factory.getbasetemp()
-    root = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    root = base.parent if worker and base.name == f"popen-{worker}" else base
     where, stamp = root / f"shared-{name}", root / f"shared-{name}.done"
     with open(root / f"shared-{name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        done = stamp.is_file()
+        done = stamp.is_file() and stamp.read_text() == key
         if not done:
+            stamp.unlink(missing_ok=True)
             shutil.rmtree(where, ignore_errors=True)
             where.mkdir()
         yield where, done
-        stamp.touch()
+        stamp.write_text(key)
 
 
 @pytest.fixture(scope="session")
