@@ -447,8 +447,8 @@ def test_damaged_object_in_the_tree_cache_is_healed(tmp_path, rb_golden, where):
         loosen(cg)
         target, needle = cg / "objects" / blob[:2] / blob[2:], blob
     else:
-        idx = {p: subprocess.run(["git", "show-index"], stdin=open(p.with_suffix(".idx"), "rb"), capture_output=True,
-                                 text=True, check=True).stdout for p in packs}
+        idx = {p: subprocess.run(["git", "show-index"], input=p.with_suffix(".idx").read_bytes(), capture_output=True,
+                                 check=True).stdout.decode() for p in packs}
         target = next(p for p in packs if f" {blob} " in idx[p])
         needle = target.stem
     data = target.read_bytes()

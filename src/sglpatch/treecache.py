@@ -116,10 +116,8 @@ def heal(e: GitError) -> bool:
     refs = cg.run("for-each-ref", "--format=%(refname)", TREE_REF).split()
     for oid, f in bad:
         f.unlink()
-        dropped = [r for r in refs if _holds(cg, r, oid)]
-        for r in dropped:
-            cg.run("update-ref", "-d", r)
-        say(f"the tree cache {cg.workdir} had a damaged object {oid} (a cut file): removed it and the {len(dropped)} "
+        dropped = _drop_trees(cg, refs, oid)
+        say(f"the tree cache {cg.workdir} had a damaged object {oid} (a cut file): removed it and the {dropped} "
             "cached tree(s) holding it; unpacking them again")
     return True
 
@@ -134,20 +132,25 @@ def _heal_packs(cg: Git) -> bool:
             f.unlink()
     if not bad:
         return False
-    dropped = 0
-    for ref in cg.run("for-each-ref", "--format=%(refname)", TREE_REF).split():
-        if cg.run("rev-list", "--objects", ref, check=False)[0] != 0:
-            cg.run("update-ref", "-d", ref)
-            dropped += 1
+    dropped = _drop_trees(cg, cg.run("for-each-ref", "--format=%(refname)", TREE_REF).split())
     names = ", ".join(idx.stem for idx in bad)
     say(f"the tree cache {cg.workdir} had a damaged pack {names}: removed it and the {dropped} cached tree(s) "
         "it held; unpacking them again")
     return True
 
 
-def _holds(cg: Git, ref: str, oid: str) -> bool:
+def _drop_trees(cg: Git, refs: list[str], oid: str | None = None) -> int:
+    """Remove the cached trees among refs that hold oid, or (no oid) that git can no longer read
+    in full; how many."""
+    dropped = [r for r in refs if _holds(cg, r, oid)]
+    for r in dropped:
+        cg.run("update-ref", "-d", r)
+    return len(dropped)
+
+
+def _holds(cg: Git, ref: str, oid: str | None) -> bool:
     rc, out, _ = cg.run("rev-list", "--objects", ref, check=False)
-    return rc != 0 or oid in out
+    return rc != 0 or (oid is not None and oid in out)
 
 
 def healing(fn, *args, **kwargs):
