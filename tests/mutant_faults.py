@@ -205,9 +205,9 @@ MUTANTS: dict[str, list[Mutant]] = {
                      "[bs * runner.num_tokens_per_bs for bs in runner.model_runner.server_args.cuda_graph_bs]")], ["tests/patches/test_p5_group_coordinator.py"]),
         Mutant("p5gc-max-numel-not-rounded", "P5", "number", "SGLANG_PCIE_IPC_MAX_NUMEL handed to flashinfer as given, not rounded up to a pack",
                F5, [("        max_numel = pcie_ipc_max_numel(1, override)\n", "        max_numel = override\n")], ["tests/patches/test_p5_group_coordinator.py"]),
-        Mutant("p5gc-prepare-every-row", "P5", "number", "prepare resolves every row count up to the width, not the buckets",
-               F5, [("        shapes = [(rows, self.hidden) for rows in self.buckets]\n",
-                     "        shapes = [(rows, self.hidden) for rows in range(1, self.max_numel // self.hidden + 1)]\n")], ["tests/patches/test_p5_group_coordinator.py"]),
+        Mutant("p5gc-prepare-only-buckets", "P5", "number", "prepare resolves only the buckets, not every admitted row count",
+               F5, [("        shapes = [(rows, self.hidden) for rows in range(1, max_rows + 1)]\n",
+                     "        shapes = [(rows, self.hidden) for rows in self.buckets]\n")], ["tests/patches/test_p5_group_coordinator.py"]),
         Mutant("p5gc-strided-served", "P5", "rule", "a non-contiguous reduction is handed to PCIe-IPC",
                F5, [("        if not inp.is_contiguous() or inp.shape[-1] != self.hidden:\n", "        if inp.shape[-1] != self.hidden:\n")], ["tests/patches/test_p5_group_coordinator.py"]),
         # ---- end of the GroupCoordinator("tp") mutants ----

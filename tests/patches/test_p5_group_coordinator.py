@@ -243,7 +243,7 @@ ON = lambda **kw: dict(SGLANG_ENABLE_PCIE_IPC_ALLREDUCE="1", FI_DIR=cache_dir(),
 EAGER = ["3", "6", "7", "12", "18", "19", "fp16", "fp32", "hidden4096", "strided", "1d"]
 CASES = {}
 for ws in (2, 4):
-    CASES[f"main{ws}"] = dict(ws=ws, matrix=matrix(ws), guard=True, eager=EAGER, captured=["3", "6", "7", "12", "18", "strided"], env=ON())
+    CASES[f"main{ws}"] = dict(ws=ws, matrix=matrix(ws), guard=True, eager=EAGER, captured=["3", "6", "7", "12", "18", "strided", "19"], env=ON())
     CASES[f"p2_{ws}"] = dict(ws=ws, matrix=matrix(ws, full=ws == 2), use_ca=True, env=ON(SGLANG_ENABLE_PCIE_CUSTOM_AR="1"))
     CASES[f"p2p_missing{ws}"] = dict(ws=ws, matrix=matrix(ws, {(5, {2: 3, 4: 7}[ws])}), eager=["3"], captured=["3"], env=ON())
 CASES["p2p_missing_driver4"] = dict(CASES["p2p_missing4"], env=ON(SGLANG_SKIP_P2P_CHECK="1"))
@@ -340,7 +340,7 @@ def test_max_numel_override_rounded_up_to_a_pack_or_below_a_row_off_on_every_ran
         assert r["serve_calls"] == [["init", numel, "torch.bfloat16", rows, DEVNULL]]
         assert r["log_serve"] == ([CAPTURE_LINE, serving_line(2, numel, rows, why, extra=" --max-numel 143384")] if rank == 0 else [])
         assert r["eager"] == {"18": ipc(18, rank, rebind=0), "19": ipc(19, rank)}
-        assert r["capture"] == {"19": nccl(2)}  # within the workspace, but no bucket of 19 rows was prepared
+        assert r["capture"] == {"19": ipc(19, rank, rebind=9)}  # within the wider workspace: prepared (1..20 rows), served in a capture
     why = "rank 2: SGLANG_PCIE_IPC_MAX_NUMEL=7000 is below one row of 7168; unset it or set it to at least 7168"
     for rank, r in enumerate(ranks(result, "numel_below_row4")):
         assert r["served"] == [True, 0, 0, [], None] and r["serve_calls"] == []
@@ -361,17 +361,17 @@ def test_dispatch_order_and_what_each_route_returns(result, ws):
 
 
 @pytest.mark.parametrize("ws", [2, 4])
-def test_graph_capture_prepares_the_buckets_once_and_a_capture_serves_only_them(result, ws):
+def test_graph_capture_prepares_every_admitted_row_once_and_a_capture_serves_only_those_resolved(result, ws):
     for rank, r in enumerate(ranks(result, f"main{ws}")):
         assert r["capture_calls"] == [
-            ["wait_stream", 9], ["prepare", [[rows, H] for rows in ROWS]], ["body"],  # prepared inside graph_capture
-            ["rebind", 9], ["pcie_ipc", [3, H]], ["pcie_ipc", [6, H]], ["pcie_ipc", [18, H]],
+            ["wait_stream", 9], ["prepare", [[rows, H] for rows in range(1, 19)]], ["body"],  # inside graph_capture, every row
+            ["rebind", 9], ["pcie_ipc", [3, H]], ["pcie_ipc", [6, H]], ["pcie_ipc", [7, H]], ["pcie_ipc", [18, H]],
             ["wait_stream", 9], ["pcie_ipc", [3, H]],  # a second capture: nothing prepared again
             ["rebind", 0], ["pcie_ipc", [3, H]],
         ]
-        # 7 rows: not a bucket; 12: flashinfer resolved no configuration for it; strided: not contiguous
-        assert r["capture"] == {"3": ipc(3, rank, rebind=9), "6": ipc(6, rank), "18": ipc(18, rank), "7": nccl(ws), "12": nccl(ws),
-                                "strided": nccl(ws)}
+        # 7 rows: no bucket but admitted (the draft's graphs); 12: flashinfer resolved no configuration; strided: not contiguous
+        assert r["capture"] == {"3": ipc(3, rank, rebind=9), "6": ipc(6, rank), "7": ipc(7, rank), "18": ipc(18, rank), "12": nccl(ws),
+                                "strided": nccl(ws), "19": nccl(ws)}
         assert r["capture2"] == {"3": ipc(3, rank)} and r["eager_after"] == {"3": ipc(3, rank, rebind=0)}
 
 
