@@ -2,7 +2,7 @@
 # Builds build/p5mps/ here (carry it to the GPU machine, which has torch + nvcc and no network):
 # the patched 0.5.9 tree (sglpatch apply --source sdist --no-install) as a tarball, flashinfer 0.7.2's
 # PCIe-IPC kit (mk-flashinfer-pcie-kit.sh) as a tarball, the pure-Python deps 0.5.9's parallel_state
-# imports that the GPU image lacks or holds at another version (cp312 wheels), the harness, run.sh.
+# imports that the GPU image lacks or holds at another version (cp312 wheels).
 #   PYTHON=/path/to/python-with-sglpatch results/p5-mps-h200/prepare.sh
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd); HERE=$ROOT/results/p5-mps-h200; B=$ROOT/build/p5mps
@@ -21,5 +21,5 @@ python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 -
   orjson==3.13.0 partial-json-parser==0.2.1.1.post7 pybase64==1.5.1 pydantic==2.14.4 pydantic_core==2.50.5 \
   pyzmq==27.3.0 sniffio==1.3.1 starlette==1.10.0 tokenizers==0.22.2 traitlets==5.16.1 transformers==4.57.1 \
   typing-inspection==0.4.5 typing_extensions==4.16.0
-cp "$ROOT/tests/gpu/pcie_ipc_backport_mps.py" "$HERE/run.sh" "$B/"
+# the probe travels with the tree (tests/gpu/p5_edges): bash tests/gpu/p5_edges/run_edges.sh build/p5mps OUT
 du -sh --apparent-size "$B"
