@@ -26,7 +26,7 @@ from sglpatch.fsutil import clean_stale_tmp, exclusive, tmp_prefix
 from sglpatch.gitcmd import Git, last_line, validate_ref
 from sglpatch.project import Project, find_project
 from sglpatch.series import parse_dep3, slug
-from sglpatch.workdir import PATCHED_BRANCH, UPSTREAM_BRANCH, lockfile, open_workdir
+from sglpatch.workdir import PATCHED_BRANCH, UPSTREAM_BRANCH, edits, lockfile, open_workdir
 
 
 def _series_map(git: Git, project_root: Path | None) -> tuple[dict[str, dict], str | None, int]:
@@ -68,7 +68,7 @@ def _bisecting(git: Git) -> bool:
 def _guard(git: Git) -> None:
     if _bisecting(git):
         raise BisectError(f"a git bisect is already in progress in {git.workdir}; finish it or run `git -C {git.workdir} bisect reset`, then re-run")
-    dirty = git.dirty_files()
+    dirty = edits(git, put_back=True)[0]
     if dirty:
         shown = ", ".join(dirty[:3]) + (f" and {len(dirty) - 3} more" if len(dirty) > 3 else "")
         raise BisectError(
