@@ -53,9 +53,16 @@ check_values() {
   done
 }
 
-# check_python NAME PATH: PATH runs as a Python interpreter; else one line and exit 2.
+# check_python NAME PATH[,PATH]: each PATH runs as a Python interpreter (regress takes an A,B
+# pair); else one line naming it, and exit 2.
 check_python() {
-  local me="$1" py="${2/#\~/$HOME}" why=""
+  local me="$1" one pair
+  if [[ "$2" == *,* ]]; then
+    IFS=, read -ra pair <<< "$2"
+    for one in "${pair[@]}"; do check_python "$me" "$one"; done
+    return 0
+  fi
+  local py="${2/#\~/$HOME}" why=""
   if [[ "$py" != */* ]]; then py="$(command -v "$py" || true)"; fi
   if [ -z "$py" ] || [ ! -e "$py" ]; then why="no such file"
   elif [ -d "$py" ] || [ ! -x "$py" ]; then why="not an executable file"

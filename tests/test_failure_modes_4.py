@@ -14,7 +14,8 @@ import time
 from pathlib import Path
 
 import test_failure_modes as fm
-from conftest import git, make_venv
+from conftest import ROOT, git, make_venv
+from sglpatch import exitcodes
 from test_failure_modes import DEP3, DEV, P2_FILE, ok
 
 golden, case = fm.golden, fm.case  # the failure-mode fixtures (built once per session)
@@ -93,3 +94,34 @@ def test_ctrl_c_after_the_build_wrote_the_version_file_leaves_the_tree_clean(cas
     shutil.rmtree(case.tmp / "t" / "venv")
     case.runs_pip = True
     case.outside_clean()
+
+
+# ----------------------------------------------------------------------------------------------
+# scripts/*.sh
+
+
+def tool_venv(tmp_path: Path) -> dict:
+    """The environment for scripts/*.sh with a tool venv that is this interpreter (a wrapper and the
+    stamp lib.sh checks), so that a script runs this checkout's sglpatch without building a venv."""
+    tv = tmp_path / "tool-venv"
+    (tv / "bin").mkdir(parents=True)
+    (tv / "bin" / "python").write_text(f"#!/bin/sh\nexec {sys.executable} \"$@\"\n")
+    (tv / "bin" / "python").chmod(0o755)
+    key = subprocess.run(["bash", "-c", f". {ROOT}/scripts/lib.sh; _tool_key"], capture_output=True, text=True, check=True).stdout
+    (tv / ".sglpatch-tool").write_text(key)
+    return dict(os.environ, SGLPATCH_TOOL_VENV=str(tv), PYTHONPATH=str(ROOT / "src"))
+
+
+def test_regress_sh_takes_the_readmes_python_pair(tmp_path):
+    """`scripts/regress.sh --python A,B` (the README's A/B) reaches sglpatch regress; a pair with a
+    missing side is one line naming that side, exit 2."""
+    env = tool_venv(tmp_path)
+    pair = f"{sys.executable},{tmp_path / 'tool-venv' / 'bin' / 'python'}"  # two interpreters (the second a wrapper)
+    r = subprocess.run(["bash", str(ROOT / "scripts" / "regress.sh"), "--tier", "kernel", "--python", pair, "--report", str(tmp_path / "r")],
+                       capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
+    assert r.returncode == exitcodes.CANNOT_RUN, r.stdout + r.stderr  # no GPUs here; was 2: `--python A,B: no such file`
+    assert "no such file" not in r.stderr and (tmp_path / "r" / "report.json").is_file()
+    r = subprocess.run(["bash", str(ROOT / "scripts" / "regress.sh"), "--tier", "kernel", "--python", f"{sys.executable},/nonexistent"],
+                       capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
+    assert r.returncode == exitcodes.USAGE
+    assert r.stderr.strip().splitlines() == ["regress.sh: --python /nonexistent: no such file (see regress.sh --help)"]
