@@ -37,12 +37,13 @@ def _cmd_apply(args) -> int:
                 raise SglpatchError(f"preflight refused: {len(prep.refused)} condition(s) failed (the FAIL lines above); nothing was created")
             if args.dry_run:
                 return 0
-        elif args.with_flashinfer:  # into --python: the set is read (and checked) before any work
+        elif args.with_flashinfer:  # into --python: the set is read (and checked), and its plan shown, before any work
             fs = fiset.read(project)
             if args.dry_run:
                 print("dry run: the tree is not built and nothing is installed")
                 print("\n".join(fiset.install_into(args.python or sys.executable, fs, args.installer, dry_run=True)))
                 return 0
+            fplan = fiset.plan_first(args.python or sys.executable, fs)
         if args.upstream_url:
             upstream.validate_url(args.upstream_url)
         source = args.source
@@ -70,7 +71,7 @@ def _cmd_apply(args) -> int:
                                   lock=read_lock(project)))
             py = args.python or sys.executable
             if args.with_flashinfer:
-                print("\n".join(fiset.install_into(py, fs, args.installer)))
+                print("\n".join(fiset.install_into(py, fs, args.installer, plan=fplan)))
             print("\n".join(install.report(py, workdir, read_lock(project).version)))
         patches = stack.carried(project, workdir)
         print(f"{workdir} (branch patched, line {line.release}{' (primary)' if line.primary else ''}) carries {len(patches)} patches:")
