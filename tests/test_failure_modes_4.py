@@ -71,9 +71,10 @@ def test_ctrl_c_after_the_build_wrote_the_version_file_leaves_the_tree_clean(cas
     barrier = case.tmp / "t" / "pause"
     env = case.env({"SGLPATCH_PAUSE_AT": "install:built", "SGLPATCH_PAUSE_FILE": str(barrier), "PIP_NO_BUILD_ISOLATION": "0",
                     "SETUPTOOLS_SCM_PRETEND_VERSION_FOR_SGLANG": "0.5.10.dev3"})  # what a build without the pin writes
+    env.pop("PYTHONUNBUFFERED", None)  # a minimal shell's: stdout to a pipe is block-buffered
     p = subprocess.Popen([sys.executable, "-m", "sglpatch.cli", "apply", "--project", str(case.project), "--workdir", str(case.fork),
                           "--source", "sdist", "--python", str(py), "--installer", "pip"],
-                         cwd=case.tmp, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
+                         cwd=case.tmp, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True)
     try:
         reached = Path(f"{barrier}.reached")
         deadline = time.monotonic() + 300
@@ -82,12 +83,17 @@ def test_ctrl_c_after_the_build_wrote_the_version_file_leaves_the_tree_clean(cas
         assert reached.exists(), p.communicate()
         assert VERSION_PY in git(case.fork, "status", "--porcelain", "--untracked-files=no")  # the build rewrote it
         os.killpg(p.pid, signal.SIGINT)
-        out, err = p.communicate(timeout=120)
+        out, _ = p.communicate(timeout=120)
     finally:
         if p.poll() is None:
             os.killpg(p.pid, signal.SIGKILL)
-    assert p.returncode == 130, err
-    assert err.rstrip().splitlines()[-1] == "sglpatch: interrupted" and "Traceback" not in err
+    assert p.returncode == 130, out
+    # one pipe for both streams, as `| tee` sees them: stdout's "patched is up to date" comes before
+    # the install, not after "interrupted" (stdout was block-buffered when piped)
+    lines = out.rstrip().splitlines()
+    assert lines[-1] == "sglpatch: interrupted" and "Traceback" not in out, out
+    assert [ln for ln in lines if ln.startswith("patched ")] and lines.index(next(ln for ln in lines if ln.startswith("patched "))) < \
+        lines.index(next(ln for ln in lines if ln.startswith("sglpatch: installing")))
     assert git(case.fork, "status", "--porcelain", "--untracked-files=no") == ""
     for f in case.tmp.joinpath("t").glob("pause*"):
         f.unlink()
