@@ -15,6 +15,7 @@ from pathlib import Path
 
 import test_failure_modes as fm
 from conftest import ROOT, git, make_venv
+import sglpatch as sglpatch_pkg
 from sglpatch import exitcodes
 from test_failure_modes import DEP3, DEV, P2_FILE, ok
 
@@ -131,3 +132,18 @@ def test_regress_sh_takes_the_readmes_python_pair(tmp_path):
                        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
     assert r.returncode == exitcodes.USAGE
     assert r.stderr.strip().splitlines() == ["regress.sh: --python /nonexistent: no such file (see regress.sh --help)"]
+
+
+def test_scripts_sglpatch_is_the_tool_the_readme_names_from_any_folder(tmp_path):
+    """`sglpatch ...` in the README and every hint: scripts/sglpatch, linked onto PATH as the README
+    says, runs from any folder; outside a project it takes its own checkout."""
+    env = tool_venv(tmp_path)
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "sglpatch").symlink_to(ROOT / "scripts" / "sglpatch")
+    env["PATH"] = f"{tmp_path / 'bin'}:/usr/bin:/bin"
+    r = subprocess.run(["sglpatch", "--version"], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=60)
+    assert r.returncode == 0 and r.stdout.strip() == f"sglpatch {sglpatch_pkg.__version__}", r.stdout + r.stderr
+    r = subprocess.run(["sglpatch", "lines"], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
+    assert r.returncode == 0 and "0.5.9" in r.stdout, r.stdout + r.stderr
+    readme = (ROOT / "README.md").read_text()
+    assert 'ln -s "$PWD/scripts/sglpatch" ~/.local/bin/sglpatch' in readme and "`scripts/sglpatch`" in readme
