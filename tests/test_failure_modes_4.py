@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import test_failure_modes as fm
-from conftest import ROOT, git, make_venv
+from conftest import ROOT, copy_project, git, make_venv
 import sglpatch as sglpatch_pkg
 from sglpatch import exitcodes
 from test_failure_modes import DEP3, DEV, P2_FILE, ok
@@ -147,3 +147,33 @@ def test_scripts_sglpatch_is_the_tool_the_readme_names_from_any_folder(tmp_path)
     assert r.returncode == 0 and "0.5.9" in r.stdout, r.stdout + r.stderr
     readme = (ROOT / "README.md").read_text()
     assert 'ln -s "$PWD/scripts/sglpatch" ~/.local/bin/sglpatch' in readme and "`scripts/sglpatch`" in readme
+
+
+def test_regress_from_a_folder_of_the_checkout_writes_its_report_where_git_ignores_it(tmp_path):
+    """`scripts/regress.sh` run from docs/ left docs/regress-*/ untracked: the report goes to the
+    checkout's top (/regress-*/ is in .gitignore), and the path is said."""
+    project = copy_project(tmp_path / "co")
+    shutil.copytree(ROOT / "targets", project / "targets")
+    for d in ("docs", "tests"):
+        (project / d).mkdir()
+    r = subprocess.run([sys.executable, "-m", "sglpatch.cli", "regress", "--tier", "kernel", "--project", str(project),
+                        "--profile", "rtx6000x8-kimi-k25"], cwd=project / "docs",  # as scripts/regress.sh runs it
+                       capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(ROOT / "src")), timeout=120)
+    assert r.returncode == exitcodes.CANNOT_RUN, r.stdout + r.stderr
+    assert list((project / "docs").iterdir()) == []
+    reports = list(project.glob("regress-*"))
+    assert len(reports) == 1 and (reports[0] / "report.json").is_file() and str(reports[0]) in r.stdout + r.stderr
+
+
+def test_a_workdir_inside_the_checkout_is_refused_in_one_line(tmp_path):
+    """`apply --workdir fork` run in the checkout made a git repository inside it."""
+    project = copy_project(tmp_path / "co")
+    for wd, cwd in (("fork", project), (str(project / "lines" / "w"), tmp_path)):
+        r = subprocess.run([sys.executable, "-m", "sglpatch.cli", "apply", "--workdir", wd, "--project", str(project), "--no-install",
+                            "--source", "sdist"], cwd=cwd, capture_output=True, text=True,
+                           env=dict(os.environ, PYTHONPATH=str(ROOT / "src")), timeout=120)
+        assert r.returncode == exitcodes.USAGE, r.stdout + r.stderr
+        assert r.stderr.strip().splitlines() == [
+            f"sglpatch: error: --workdir {wd} is inside the sglpatch checkout {project} (a git repository inside it): "
+            "pass a folder outside it, e.g. --workdir ~/sglang-fork; nothing was changed"]
+        assert not (project / "fork").exists() and not (project / "lines" / "w").exists()

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import sys
 
-from sglpatch import cliargs, exitcodes, fiset, install, newvenv, stack, upstream
+from sglpatch import cliargs, exitcodes, fiset, install, lines, newvenv, stack, upstream
 from sglpatch.errors import SglpatchError
 from sglpatch.lock import read_lock
 
@@ -25,6 +25,10 @@ def _cmd_apply(args) -> int:
     try:
         line = cliargs.line(args)
         project, workdir = line.root, cliargs.line_workdir(args, line)
+        checkout = lines.checkout_of(project).resolve()
+        if workdir.resolve().is_relative_to(checkout):
+            raise SglpatchError(f"--workdir {args.workdir or workdir} is inside the sglpatch checkout {checkout} (a git repository "
+                                "inside it): pass a folder outside it, e.g. --workdir ~/sglang-fork; nothing was changed", exitcodes.USAGE)
         prep = None
         if args.venv:
             base = args.python or sys.executable
