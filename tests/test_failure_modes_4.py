@@ -13,13 +13,17 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 import test_failure_modes as fm
+import test_venv_preflight as vp
 from conftest import ROOT, copy_project, git, make_venv
 import sglpatch as sglpatch_pkg
-from sglpatch import exitcodes
+from sglpatch import exitcodes, preflight
 from test_failure_modes import DEP3, DEV, P2_FILE, ok
 
 golden, case = fm.golden, fm.case  # the failure-mode fixtures (built once per session)
+env = vp.env  # the venv tests' PATH and local index
 VERSION_PY = "python/sglang/_version.py"
 
 
@@ -177,3 +181,24 @@ def test_a_workdir_inside_the_checkout_is_refused_in_one_line(tmp_path):
             f"sglpatch: error: --workdir {wd} is inside the sglpatch checkout {project} (a git repository inside it): "
             "pass a folder outside it, e.g. --workdir ~/sglang-fork; nothing was changed"]
         assert not (project / "fork").exists() and not (project / "lines" / "w").exists()
+
+
+# ----------------------------------------------------------------------------------------------
+# one rule for "no driver here"
+
+
+@pytest.mark.skipif(vp.UV is None, reason="uv not installed (requirements-test.txt installs it)")
+def test_no_driver_is_cannot_run_here_for_the_venv_preflight_as_for_the_doctor(env, project_copy, monkeypatch):
+    """`apply --venv` on a box where no driver answers exited 1, the doctor 125: both 125 (the
+    table's "cannot run here"), also when another condition failed too; a driver too old stays 1."""
+    monkeypatch.delenv(preflight.NO_DRIVER_OK, raising=False)
+    vp.wheel(env["index"], "torch", "2.9.1+cu128")
+    proc = vp.dry_run(env, project_copy, ["torch==2.9.1+cu128"])
+    assert proc.returncode == exitcodes.CANNOT_RUN, proc.stdout + proc.stderr
+    assert [ln.split(":")[1] for ln in vp.fails(proc)] == [" FAIL driver"]
+    assert proc.stderr.strip().splitlines()[-1] == (
+        "sglpatch: error: preflight refused: 1 condition(s) failed (the FAIL lines above); nothing was created; "
+        f"no NVIDIA driver answers here: cannot run here (exit {exitcodes.CANNOT_RUN})")
+    assert "no GPU or driver (also when other checks fail)" in dict(exitcodes.TABLE)[exitcodes.CANNOT_RUN]
+    vp.tool(env["fake"], "nvidia-smi", "520.61.05, 12.0")  # a driver, too old: a plain failure
+    assert vp.dry_run(env, project_copy, ["torch==2.9.1+cu128"]).returncode == exitcodes.ERROR

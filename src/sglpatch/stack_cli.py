@@ -37,8 +37,11 @@ def _cmd_apply(args) -> int:
             newvenv.guard_workdir(workdir, base)
             prep = newvenv.prepare(project, args.venv, base, args.installer, args.with_flashinfer, args.release_artifact, args.dry_run,
                                    cuda=args.cuda)
-            if prep.refused:
-                raise SglpatchError(f"preflight refused: {len(prep.refused)} condition(s) failed (the FAIL lines above); nothing was created")
+            if prep.refused:  # no driver here: 125, also when other conditions failed (the doctor's rule, the exit-code table)
+                here = any(c.cannot_run for c in prep.refused)
+                raise SglpatchError(f"preflight refused: {len(prep.refused)} condition(s) failed (the FAIL lines above); nothing was created"
+                                    + (f"; no NVIDIA driver answers here: cannot run here (exit {exitcodes.CANNOT_RUN})" if here else ""),
+                                    exitcodes.CANNOT_RUN if here else exitcodes.ERROR)
             if args.dry_run:
                 return 0
         elif args.with_flashinfer:  # into --python: the set is read (and checked), and its plan shown, before any work
