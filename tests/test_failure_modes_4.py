@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -202,3 +203,44 @@ def test_no_driver_is_cannot_run_here_for_the_venv_preflight_as_for_the_doctor(e
     assert "no GPU or driver (also when other checks fail)" in dict(exitcodes.TABLE)[exitcodes.CANNOT_RUN]
     vp.tool(env["fake"], "nvidia-smi", "520.61.05, 12.0")  # a driver, too old: a plain failure
     assert vp.dry_run(env, project_copy, ["torch==2.9.1+cu128"]).returncode == exitcodes.ERROR
+
+
+# ----------------------------------------------------------------------------------------------
+# the tool's own venv
+
+
+def test_ctrl_c_while_the_tool_venv_is_set_up_is_one_line_and_the_next_run_says_what_it_does(tmp_path):
+    """A real SIGINT to a fresh shell's `scripts/watch.sh --help` while pip installs the tool (its index
+    holds the connection open): one line, exit 130, pip's traceback in the log only. The next run says
+    it sets the venv up again, and where pip's output goes (it ran 307 s in silence)."""
+    if not Path("/usr/bin/python3").is_file() or subprocess.run(["/usr/bin/python3", "-c", "import venv, ensurepip"]).returncode:
+        pytest.skip("needs /usr/bin/python3 with venv and ensurepip")
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(8)  # accepts, never answers
+    home, tv = tmp_path / "home", tmp_path / "tool-venv"
+    home.mkdir()
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(home), "SGLPATCH_TOOL_VENV": str(tv), "PIP_CONFIG_FILE": os.devnull,
+           "PIP_INDEX_URL": f"http://127.0.0.1:{silent.getsockname()[1]}/simple", "PIP_DEFAULT_TIMEOUT": "300", "PIP_RETRIES": "0"}
+    try:
+        for run in (1, 2):
+            p = subprocess.Popen(["bash", str(ROOT / "scripts" / "watch.sh"), "--help"], env=env, cwd=home, stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, text=True, start_new_session=True)
+            deadline = time.monotonic() + 120
+            while not (tv / "setup.log").exists() and p.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.1)
+            time.sleep(1.0)  # pip is running, waiting on the index
+            os.killpg(p.pid, signal.SIGINT)
+            _, err = p.communicate(timeout=120)
+            assert p.returncode == 130, err
+            assert "Traceback" not in err and err.strip().splitlines()[-1] == (
+                f"watch.sh: interrupted while setting up the tool venv {tv}; the next run sets it up again"), err
+            first = err.strip().splitlines()[0]
+            assert first == (f"watch.sh: setting up the sglpatch tool in {tv} (first use; its dependencies go there only)" if run == 1
+                             else f"watch.sh: setting up the sglpatch tool in {tv} again (an earlier set-up was interrupted or failed, "
+                             "or pyproject.toml changed)"), err
+            assert f"what it is doing: tail -f {tv}/setup.log" in err
+            assert "cancelled by user" in (tv / "setup.log").read_text()  # pip's own words, in its log
+            (tv / "setup.log").rename(tv / f"setup.log.{run}")  # the next run's pip writes it anew: the barrier above
+    finally:
+        silent.close()
