@@ -5,12 +5,14 @@ the fault lives there; each test failed before its fix."""
 
 from __future__ import annotations
 
+import io
 import os
 import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tarfile
 import time
 from pathlib import Path
 
@@ -244,3 +246,26 @@ def test_ctrl_c_while_the_tool_venv_is_set_up_is_one_line_and_the_next_run_says_
             (tv / "setup.log").rename(tv / f"setup.log.{run}")  # the next run's pip writes it anew: the barrier above
     finally:
         silent.close()
+
+
+# ----------------------------------------------------------------------------------------------
+# files that are not what they claim
+
+
+def _sdist(path: Path, pkg_info: bytes) -> Path:
+    with tarfile.open(path, "w:gz") as tf:
+        member = tarfile.TarInfo("sglang-0.5.9/PKG-INFO")
+        member.size = len(pkg_info)
+        tf.addfile(member, io.BytesIO(pkg_info))
+    return path
+
+
+def test_a_release_artifact_whose_pkg_info_is_not_utf8_is_one_line(project_copy, tmp_path):
+    art = _sdist(tmp_path / "sglang-0.5.9.tar.gz", b"Metadata-Version: 2.1\nName: sglang\nVersion: 0.5.9\nSummary: caf\xe9\n")
+    r = subprocess.run([sys.executable, "-m", "sglpatch.cli", "apply", "--project", str(project_copy), "--workdir", str(tmp_path / "fork"),
+                        "--venv", str(tmp_path / "new"), "--dry-run", "--release-artifact", str(art), "--python", sys.executable],
+                       capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(ROOT / "src")), timeout=120, cwd=tmp_path)
+    assert r.returncode == exitcodes.ERROR and "Traceback" not in r.stderr, r.stderr
+    assert r.stderr.strip().splitlines() == [
+        f"sglpatch: error: {art}: its PKG-INFO is not UTF-8 text (invalid continuation byte at byte 62): "
+        "pass the release's own sdist or wheel (--release-artifact)"]
