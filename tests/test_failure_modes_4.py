@@ -269,3 +269,24 @@ def test_a_release_artifact_whose_pkg_info_is_not_utf8_is_one_line(project_copy,
     assert r.stderr.strip().splitlines() == [
         f"sglpatch: error: {art}: its PKG-INFO is not UTF-8 text (invalid continuation byte at byte 62): "
         "pass the release's own sdist or wheel (--release-artifact)"]
+
+
+def test_a_fifo_in_patches_is_refused_not_read_forever(case):
+    fifo = case.project / "patches" / "0003-a-fifo.patch"
+    os.mkfifo(fifo)
+    with open(case.project / "series", "a") as s:
+        s.write("0003-a-fifo.patch\n")
+
+    def fix():
+        fifo.unlink()
+        case.restore("series")
+
+    msg = fm.refused_apply(case, "patches/0003-a-fifo.patch is not a regular file", "regular files", fix=fix)
+    assert "\n" not in msg
+
+
+def test_profile_report_of_a_device_is_refused_not_read_forever(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "sglpatch.cli", "profile-report", "/dev/zero"], capture_output=True, text=True,
+                       env=dict(os.environ, PYTHONPATH=str(ROOT / "src")), timeout=60, cwd=tmp_path)
+    assert r.returncode == exitcodes.ERROR and r.stderr.strip().splitlines() == [
+        "sglpatch: error: /dev/zero: not a regular file (a device, a FIFO or a socket); copy the profile to a file and pass that"]

@@ -39,6 +39,8 @@ def load(path: str | Path) -> list[dict]:
     """Read the JSONL file; raise SglpatchError with a one-line reason if unusable."""
     path = Path(path)
     hint = "write one by launching SGLang with SGLANG_VERIFY_PROFILE=1 SGLANG_VERIFY_PROFILE_FILE=<file> (patch 0004)"
+    if path.exists() and not path.is_file() and not path.is_dir():  # /dev/zero, a FIFO: read forever
+        raise SglpatchError(f"{path}: not a regular file (a device, a FIFO or a socket); copy the profile to a file and pass that")
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
