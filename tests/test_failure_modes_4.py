@@ -22,7 +22,7 @@ import test_failure_modes as fm
 import test_venv_preflight as vp
 from conftest import ROOT, copy_project, git, make_venv
 import sglpatch as sglpatch_pkg
-from sglpatch import exitcodes, preflight
+from sglpatch import exitcodes, preflight, treecache
 from test_failure_modes import DEP3, DEV, P2_FILE, ok
 
 golden, case = fm.golden, fm.case  # the failure-mode fixtures (built once per session)
@@ -290,3 +290,38 @@ def test_profile_report_of_a_device_is_refused_not_read_forever(tmp_path):
                        env=dict(os.environ, PYTHONPATH=str(ROOT / "src")), timeout=60, cwd=tmp_path)
     assert r.returncode == exitcodes.ERROR and r.stderr.strip().splitlines() == [
         "sglpatch: error: /dev/zero: not a regular file (a device, a FIFO or a socket); copy the profile to a file and pass that"]
+
+
+def test_a_repack_killed_in_the_tree_cache_leaves_no_tmp_pack_for_ever(tmp_path, monkeypatch):
+    """A real `git repack -d --window=0` of the cache (as tree_commit runs it), its process group
+    SIGKILLed while it writes its pack, leaves tmp_pack_*. The next use of the cache removes such a
+    file once it is older than a live repack's (an hour); a young one, which a repack running now may
+    be writing, stays."""
+    monkeypatch.setenv("SGLPATCH_CACHE", str(tmp_path / "cache"))
+    cg = treecache.cache_repo()
+    files = tmp_path / "files"
+    files.mkdir()
+    for i in range(1500):
+        (files / f"f{i}").write_bytes(os.urandom(16384))
+    genv = dict(os.environ, GIT_DIR=str(cg.workdir), GIT_WORK_TREE=str(files), GIT_CONFIG_GLOBAL=os.devnull, GIT_CONFIG_NOSYSTEM="1")
+    subprocess.run(["git", "add", "-A"], env=genv, check=True)
+    tree = subprocess.run(["git", "write-tree"], env=genv, check=True, capture_output=True, text=True).stdout.strip()
+    commit = subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit-tree", "-m", "t", tree], env=genv, check=True,
+                            capture_output=True, text=True).stdout.strip()
+    subprocess.run(["git", "update-ref", f"{treecache.TREE_REF}/t", commit], env=genv, check=True)
+    pack = cg.workdir / "objects" / "pack"
+    r = subprocess.Popen(["git", "repack", "-d", "-q", "--window=0"], cwd=cg.workdir, start_new_session=True)
+    deadline = time.monotonic() + 60
+    while r.poll() is None and not list(pack.glob("tmp_pack_*")) and time.monotonic() < deadline:
+        time.sleep(0.001)
+    os.killpg(r.pid, signal.SIGKILL)
+    r.wait()
+    left = list(pack.glob("tmp_pack_*"))
+    assert left, "the repack finished before it could be killed"
+    young = pack / "tmp_pack_young"
+    young.write_bytes(b"a live repack's")
+    old = time.time() - 2 * 3600
+    for p in left:
+        os.utime(p, (old, old))
+    treecache.cache_repo()
+    assert [p.name for p in pack.glob("tmp_pack_*")] == ["tmp_pack_young"]
