@@ -6,6 +6,7 @@ the fault lives there; each test failed before its fix."""
 from __future__ import annotations
 
 import io
+import json
 import os
 import shutil
 import signal
@@ -22,7 +23,7 @@ import test_failure_modes as fm
 import test_venv_preflight as vp
 from conftest import ROOT, copy_project, git, make_venv
 import sglpatch as sglpatch_pkg
-from sglpatch import exitcodes, preflight, treecache
+from sglpatch import exitcodes, preflight, treecache, verify_profile
 from test_failure_modes import DEP3, DEV, P2_FILE, ok
 
 golden, case = fm.golden, fm.case  # the failure-mode fixtures (built once per session)
@@ -325,3 +326,18 @@ def test_a_repack_killed_in_the_tree_cache_leaves_no_tmp_pack_for_ever(tmp_path,
         os.utime(p, (old, old))
     treecache.cache_repo()
     assert [p.name for p in pack.glob("tmp_pack_*")] == ["tmp_pack_young"]
+
+
+def test_profile_report_draws_no_verdict_from_a_batch_1_bucket_without_cycles(tmp_path):
+    """A by_batch_size bucket "1" with 0 cycles (no batch-1 cycle in that interval) said "speculation is
+    SLOWER (0.00x the baseline)": no data, no verdict."""
+    rec = {"cycles": 10, "cycle_ms_mean": 20.0, "draft_ms_mean": 5.0, "verify_ms_mean": 10.0, "extend_ms_mean": 5.0,
+           "accept_length": 2.5, "baseline_step_ms": 10.0, "tokens": 100.0, "requests": 40.0,
+           "by_batch_size": {"1": {"cycles": 0, "cycle_ms_mean": 0.0, "accept_length": 0.0},
+                             "4": {"cycles": 10, "cycle_ms_mean": 20.0, "accept_length": 2.5}}}
+    path = tmp_path / "p.jsonl"
+    path.write_text(json.dumps(rec) + "\n")
+    s = verify_profile.summarize(verify_profile.load(path))
+    assert list(s["by_batch_size"]) == ["4"] and s["speedup"] is None and s["break_even_accept_length"] is None
+    text = verify_profile.format_text(str(path), s, verify_profile.predictions(s, [2.0]))
+    assert "SLOWER" not in text and "verdict" not in text and "no batch-1 cycles" in text, text

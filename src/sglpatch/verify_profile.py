@@ -111,6 +111,7 @@ def _batch_buckets(r: dict) -> dict[int, list[float]]:
                 and int(bs) > 0  # a batch of 0 requests commits nothing
                 and isinstance(b, dict)
                 and all(_is_number(b.get(k)) for k in ("cycles", "cycle_ms_mean", "accept_length"))
+                and b["cycles"] > 0  # no cycles of that size in the interval: no data, no verdict from it
             ):
                 out[int(bs)] = [b["cycles"], b["cycles"] * b["cycle_ms_mean"], b["accept_length"] * b["cycles"] * int(bs)]
         return out
