@@ -341,3 +341,34 @@ def test_profile_report_draws_no_verdict_from_a_batch_1_bucket_without_cycles(tm
     assert list(s["by_batch_size"]) == ["4"] and s["speedup"] is None and s["break_even_accept_length"] is None
     text = verify_profile.format_text(str(path), s, verify_profile.predictions(s, [2.0]))
     assert "SLOWER" not in text and "verdict" not in text and "no batch-1 cycles" in text, text
+
+
+# ----------------------------------------------------------------------------------------------
+# rerecord.sh: resolutions/R replaced in one step
+
+
+def _tree(d: Path) -> dict:
+    return {str(p.relative_to(d)): p.read_text() for p in sorted(d.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("step", ["replace_dir:copied", "replace_dir:swapped", None])
+def test_rerecord_replaces_a_folder_in_one_step(tmp_path, step):
+    """A real SIGKILL at each step of fsutil.replace_dir (what rerecord.sh now replaces resolutions/R and
+    lines/R with): the folder is the old one or the new one, whole; the next call leaves no copy behind.
+    rerecord.sh did `rm -rf R; cp -r NEW R`: a kill between left R missing or half copied."""
+    dest, new = tmp_path / "resolutions" / "0.5.23", tmp_path / "new"
+    for d, v in ((dest, "old"), (new, "new")):
+        (d / "sub").mkdir(parents=True)
+        (d / "resolutions.toml").write_text(v)
+        (d / "sub" / "0001.patch").write_text(v * 1000)
+    code = "import sys; from sglpatch.fsutil import replace_dir; replace_dir(sys.argv[1], sys.argv[2])"
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"), SGLPATCH_TEST_HOOKS="1", **({"SGLPATCH_CRASH_AT": step} if step else {}))
+    r = subprocess.run([sys.executable, "-c", code, str(new), str(dest)], env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == (-signal.SIGKILL if step else 0), r.stderr
+    assert _tree(dest) in (_tree(new), {"resolutions.toml": "old", "sub/0001.patch": "old" * 1000})
+    assert _tree(dest) == (_tree(new) if step != "replace_dir:copied" else {"resolutions.toml": "old", "sub/0001.patch": "old" * 1000})
+    env.pop("SGLPATCH_CRASH_AT", None)
+    subprocess.run([sys.executable, "-c", code, str(new), str(dest)], env=env, check=True, timeout=60)
+    assert _tree(dest) == _tree(new) and sorted(p.name for p in dest.parent.iterdir()) == ["0.5.23"]
+    script = (ROOT / "scripts" / "rerecord.sh").read_text()
+    assert 'replace_dir "$new" "$res"' in script and 'rm -rf "$res"' not in script and 'rm -rf "$line"' not in script
