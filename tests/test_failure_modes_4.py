@@ -8,6 +8,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -372,3 +373,27 @@ def test_rerecord_replaces_a_folder_in_one_step(tmp_path, step):
     assert _tree(dest) == _tree(new) and sorted(p.name for p in dest.parent.iterdir()) == ["0.5.23"]
     script = (ROOT / "scripts" / "rerecord.sh").read_text()
     assert 'replace_dir "$new" "$res"' in script and 'rm -rf "$res"' not in script and 'rm -rf "$line"' not in script
+
+
+# ----------------------------------------------------------------------------------------------
+# the README's figures that can be checked
+
+
+def test_the_readmes_checkable_figures_agree_with_the_tree():
+    """The patch count (read from `series`, whatever it is today), the exit-code table (from
+    sglpatch.exitcodes) and test.sh's own codes (its header): the README said `[1/4]` with 5 patches,
+    and that every scripts/*.sh exits with the table, test.sh included."""
+    readme = (ROOT / "README.md").read_text()
+    n = len([ln for ln in (ROOT / "series").read_text().splitlines() if ln.strip() and not ln.lstrip().startswith("#")])
+    for m in re.finditer(r"\[(\d+)/(\d+)\]", readme):
+        assert int(m.group(2)) == n, f"README.md: {m.group(0)} but the series has {n} patches"
+    table = readme[readme.index("## What is in the series"):]
+    table = table[: table.index("\n\n", table.index("|---|"))]
+    assert len(re.findall(r"^\| P\d+ \|", table, re.M)) == n, "README.md's series table has a row per patch"
+    assert "\n".join("    " + line for line in exitcodes.lines()) in readme
+    test_sh = (ROOT / "scripts" / "test.sh").read_text()
+    codes = re.findall(r"^#   (\d+)  ", test_sh[test_sh.index("# exit codes (pytest's"):], re.M)
+    said = readme[readme.index("`scripts/test.sh` is the exception"):].split("\n\n")[0]
+    assert codes and all(f"{c} " in said for c in codes), (codes, said)
+    assert "but test.sh" in exitcodes.lines()[0]
+    assert "builds two venvs" in readme
