@@ -53,9 +53,16 @@ check_values() {
   done
 }
 
-# check_python NAME PATH: PATH runs as a Python interpreter; else one line and exit 2.
+# check_python NAME PATH[,PATH]: each PATH runs as a Python interpreter (regress takes an A,B
+# pair); else one line naming it, and exit 2.
 check_python() {
-  local me="$1" py="${2/#\~/$HOME}" why=""
+  local me="$1" one pair
+  if [[ "$2" == *,* ]]; then
+    IFS=, read -ra pair <<< "$2"
+    for one in "${pair[@]}"; do check_python "$me" "$one"; done
+    return 0
+  fi
+  local py="${2/#\~/$HOME}" why=""
   if [[ "$py" != */* ]]; then py="$(command -v "$py" || true)"; fi
   if [ -z "$py" ] || [ ! -e "$py" ]; then why="no such file"
   elif [ -d "$py" ] || [ ! -x "$py" ]; then why="not an executable file"
@@ -90,7 +97,14 @@ tool_python() {
   exec 9>"$TOOL_VENV/.lock"
   command -v flock >/dev/null && flock 9  # another script may be setting it up right now
   if _tool_ready "$key"; then exec 9>&-; return 0; fi
-  echo "$ME: setting up the sglpatch tool in $TOOL_VENV (first use; its dependencies go there only)" >&2
+  if [ -e "$TOOL_VENV/bin/python" ]; then
+    echo "$ME: setting up the sglpatch tool in $TOOL_VENV again (an earlier set-up was interrupted or failed, or pyproject.toml changed)" >&2
+  else
+    echo "$ME: setting up the sglpatch tool in $TOOL_VENV (first use; its dependencies go there only)" >&2
+  fi
+  # Ctrl-C: one line, not pip's traceback (that goes to the log with the rest of its output)
+  trap 'echo "$ME: interrupted while setting up the tool venv $TOOL_VENV; the next run sets it up again" >&2; exit 130' INT
+  local log="$TOOL_VENV/setup.log"
   uv="$(command -v uv || { [ -x "$HOME/.local/bin/uv" ] && echo "$HOME/.local/bin/uv"; } || true)"
   if ! "$base" -m venv "$TOOL_VENV" >/dev/null 2>&1; then
     if [ -z "$uv" ] || ! "$uv" venv -q --allow-existing --python "$base" "$TOOL_VENV"; then
@@ -98,14 +112,17 @@ tool_python() {
       exit 1
     fi
   fi
+  echo "$ME: installing the tool and its dependencies from the package index (a minute, more from a slow index; what it is doing: tail -f $log)" >&2
   if "$TOOL_PY" -m pip --version >/dev/null 2>&1; then
-    "$TOOL_PY" -m pip install -q --disable-pip-version-check -e "$SGLPATCH_HOME" "pytest>=8" || {
-      echo "$ME: installing the tool's dependencies into $TOOL_VENV failed (see above): the package index must be reachable; re-run then" >&2
+    "$TOOL_PY" -m pip install --progress-bar off --disable-pip-version-check -e "$SGLPATCH_HOME" "pytest>=8" >"$log" 2>&1 || {
+      tail -n 5 "$log" >&2
+      echo "$ME: installing the tool's dependencies into $TOOL_VENV failed (above; all of it: $log): the package index must be reachable; re-run then" >&2
       exit 1
     }
   elif [ -n "$uv" ]; then
-    "$uv" pip install -q --python "$TOOL_PY" -e "$SGLPATCH_HOME" "pytest>=8" || {
-      echo "$ME: installing the tool's dependencies into $TOOL_VENV failed (see above): the package index must be reachable; re-run then" >&2
+    "$uv" pip install --python "$TOOL_PY" -e "$SGLPATCH_HOME" "pytest>=8" >"$log" 2>&1 || {
+      tail -n 5 "$log" >&2
+      echo "$ME: installing the tool's dependencies into $TOOL_VENV failed (above; all of it: $log): the package index must be reachable; re-run then" >&2
       exit 1
     }
   else
@@ -113,6 +130,7 @@ tool_python() {
     exit 1
   fi
   echo "$key" > "$TOOL_VENV/$TOOL_STAMP"
+  trap - INT
   exec 9>&-
 }
 

@@ -66,7 +66,9 @@ for line in text.split("\n"):
 for p in saved.glob("*.patch"):  # the ports with their own headers
     (new / p.name).write_bytes(p.read_bytes())
 EOF
-rm -rf "$res"; cp -r "$new" "$res"
+# each folder replaced in one step (sglpatch.fsutil.replace_dir): a kill leaves the old one or the new one
+replace_dir() { "$TOOL_PY" -c 'import sys; from sglpatch.fsutil import replace_dir; replace_dir(sys.argv[1], sys.argv[2])' "$1" "$2"; }
+replace_dir "$new" "$res"
 line="$project/lines/$ver"  # the rebase's result, the line (sglpatch.lines), refreshed with it
-rm -rf "$line"; mkdir -p "$project/lines"; cp -r "$tmp/project/lines/$ver" "$line"
+mkdir -p "$project/lines"; replace_dir "$tmp/project/lines/$ver" "$line"
 echo "rerecord: $res re-recorded and $line rewritten; review with git diff, then commit"

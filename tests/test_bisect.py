@@ -114,11 +114,13 @@ CHECK = textwrap.dedent(
     if skip_k and has(skip_k) and not (skip_k < len(files) and has(skip_k + 1)):
         sys.exit(125)
     if mode == "upstream-bad":
-        sys.exit(3)
+        sys.exit(1)
+    if mode.startswith("exit-"):  # exit-N at patch bad_k and above (at every commit without bad_k)
+        sys.exit(int(mode[5:]) if not bad_k or has(bad_k) else 0)
     if mode == "cannot":
         sys.exit(125)
     if mode == "upbad-skip":
-        sys.exit(125 if has(1) else 3)
+        sys.exit(125 if has(1) else 1)
     if mode == "never":
         sys.exit(0)
     if mode == "hang-all" or (bad_k and has(bad_k)):
@@ -214,6 +216,7 @@ def test_cli_triage_upstream_regression_no_bisect(bisect_project, check, tmp_pat
     )
     assert proc.returncode == 0, proc.stderr
     assert "regression is upstream" in proc.stdout
+    assert "(exit codes: 1 on GOOD, 1 on BAD)" in proc.stdout  # triage says which exit codes it saw
     assert "CMD runs: 2" in proc.stdout
     assert len(check.runs()) == 2
     assert not (logs / "git-bisect-run.log").exists() and not (logs / "bisect.log").exists()  # no bisect
@@ -389,3 +392,47 @@ def test_a_killed_bisects_state_is_removed_from_tmpdir_by_the_next_run(workdir, 
                  "--", *check(workdir, "never"), cwd=tmp_path, env={"TMPDIR": str(tmpdir)})
     assert not left[0].exists(), r.stdout + r.stderr
     assert [p.name for p in tmpdir.iterdir() if p.name.startswith("sglpatch-bisect-")] == []
+
+
+# ----------------------------------------------------------------------------- issue 38: no verdict from a usage error
+
+
+def test_the_readme_triage_of_a_mistyped_regress_sh_stops_with_one_line(bisect_project, tmp_path):
+    """`bisect.sh --triage -- scripts/regress.sh --tier kernal` (a typo: argparse's exit 2) was "regression is
+    upstream", exit 0. A usage error stops at the first run, one line, exit 2, no verdict."""
+    from test_failure_modes_4 import tool_venv
+
+    project, wd, _ = bisect_project
+    env = tool_venv(tmp_path)
+    proc = subprocess.run(["bash", str(ROOT / "scripts" / "bisect.sh"), "--workdir", str(wd), "--triage", "--log-dir", str(tmp_path / "log"),
+                           "--", str(ROOT / "scripts" / "regress.sh"), "--tier", "kernal"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "regression is upstream" not in proc.stdout + proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("sglpatch: error: CMD exited 2 (a usage error: it could not run as given) on upstream (") and \
+        "stopped after 1 run, no verdict" in last and "step-01.log" in last, proc.stderr
+    assert (tmp_path / "log" / "step-01.log").is_file() and not (tmp_path / "log" / "step-02.log").exists()
+    assert_restored(wd, git(wd, "rev-parse", "patched"))
+
+
+@pytest.mark.parametrize("code", [2, 3])
+def test_an_exit_that_is_no_verdict_stops_git_bisect_run(code, bisect_project, check, tmp_path):
+    """Inside real `git bisect run`: CMD exits 2 (usage) or 3 (not 0, 1 or 125) from patch 3 on. It was "bad"
+    (git's 1-127), naming patch 3; now the bisect stops with one line, no patch named."""
+    project, wd, names = bisect_project
+    with pytest.raises(SglpatchError) as e:
+        bisect.run(wd, check(wd, f"exit-{code}", bad_k=3), project_root=project, log_dir=tmp_path / "log")
+    assert e.value.exit_code == (2 if code == 2 else 1)
+    msg = str(e.value)
+    assert msg.startswith(f"CMD exited {code} (") and "no verdict" in msg and "first bad" not in msg and "\n" not in msg
+    assert (f"[3/{N}]" in msg or f"[4/{N}]" in msg or f"[5/{N}]" in msg), msg
+    assert_restored(wd, git(wd, "rev-parse", "patched"))
+
+
+def test_triage_says_the_exit_codes_it_saw(bisect_project, check, tmp_path):
+    project, wd, _ = bisect_project
+    res = bisect.run(wd, check(wd, bad_k=2), triage=True, project_root=project, log_dir=tmp_path / "log")
+    assert res.outcome == "found"
+    res = bisect.run(wd, check(wd, "never"), triage=True, project_root=project, log_dir=tmp_path / "log2")
+    assert res.message == "no regression: CMD passes on upstream and on the full stack (exit codes: 0 on GOOD, 0 on BAD)"

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from conftest import SERIES
+from sglpatch import pyenv
 from sglpatch.gpu.doctor import checks as dc
 from sglpatch.gpu.doctor import gpu as dg
 from sglpatch.gpu.shared import profile as profiles
@@ -189,6 +190,37 @@ def test_sglang_line_outside_a_workdir_and_when_it_does_not_import(seen, tmp_pat
     assert "is not in an sglpatch workdir" in c.text
     gone = dc.check_sglang(imported_sglang(sys.executable, base_env(), ROOT))
     assert gone.line().startswith(f"fail sglang: {sys.executable}: sglang does not import: ModuleNotFoundError")
+
+
+def test_installed_tree_without_its_dependencies_gets_the_install_deps_command(tmp_path):
+    """Issue 38: the tree installed editable, its dependencies not: the cpu tier's missing-dependency
+    command, not "install the patched tree", and the flashinfer line reads the tree's P5 adapter
+    (it said "the served sglang has no PCIe-IPC adapter")."""
+    tree = tmp_path / "fork" / "python"
+    (tree / "sglang").mkdir(parents=True)
+    (tree / "sglang" / "__init__.py").write_text("import sglpatch_test_dep_not_there\n__version__ = '0.5.9'\n")
+    (tree / "sglang" / served_mod.P5_MODULE).parent.mkdir(parents=True)
+    (tree / "sglang" / served_mod.P5_MODULE).write_text("")
+    d = site(tmp_path / "site", sglang=None, dists={"flashinfer-python": "0.7.2"})
+    info_dir = d / "sglang-0.5.9.dist-info"
+    info_dir.mkdir()
+    (info_dir / "METADATA").write_text("Metadata-Version: 2.1\nName: sglang\nVersion: 0.5.9\nRequires-Dist: sglpatch-test-dep-not-there\n")
+    (info_dir / "direct_url.json").write_text(json.dumps({"url": f"file://{tree}", "dir_info": {"editable": True}}))
+    (d / "flashinfer" / "comm").mkdir(parents=True)
+    (d / "flashinfer" / "__init__.py").write_text("")
+    (d / "flashinfer" / "comm" / "pcie_ipc_ar.py").write_text("class PcieIpcAllReduceWorkspace:\n    pass\n")
+    env = base_env({"PYTHONPATH": f"{d}:{tree}"})
+    served = imported_sglang(sys.executable, env, ROOT)
+    c = dc.check_sglang(served)
+    assert c.state == "fail" and "apply.sh --python" not in c.line(), c.line()
+    assert c.text == (f"sglang 0.5.9 is installed (editable from {tree}) but does not import with {sys.executable}: "
+                      "ModuleNotFoundError: No module named 'sglpatch_test_dep_not_there'; none of its 1 declared dependencies is "
+                      "installed (sglpatch-test-dep-not-there missing)")
+    assert c.fix == (f"install them: {sys.executable} -m pip install -e {tree}" if not pyenv.find_uv() else
+                     f"install them: {pyenv.find_uv()} pip install --python {sys.executable} -e {tree}") + \
+        "; or build a complete new venv: scripts/apply.sh --venv NEWDIR"
+    fi, _ = dc.check_kernels(dc.probe_python(sys.executable, env), served)
+    assert "usable by P5 (0.5.9 + the series)" in fi.text and "no PCIe-IPC adapter" not in fi.text, fi.line()
 
 
 def test_sglang_line_of_the_patched_workdir(patched_python, patched_tree, project_root):

@@ -15,6 +15,7 @@ import sys
 import venv
 import zipfile
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -25,10 +26,12 @@ from sglpatch.errors import SglpatchError
 OLD = ["flashinfer-python==0.6.3", "flashinfer-cubin==0.6.3", "quack-kernels==0.2.4", "nvidia-cutlass-dsl==4.3.4"]
 
 
-def wheel(index: Path, name: str, version: str, requires: tuple[str, ...] = ()) -> None:
+def wheel(index: Path, name: str, version: str, requires: tuple[str, ...] = (), pad: int = 0) -> None:
     dist = f"{name.replace('-', '_')}-{version}"
     meta = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n" + "".join(f"Requires-Dist: {r}\n" for r in requires)
     with zipfile.ZipFile(index / f"{dist}-py3-none-any.whl", "w") as zf:
+        if pad:  # bytes that do not compress: a wheel of a size the plan can show
+            zf.writestr(f"{dist}.data/data/pad.bin", os.urandom(pad))
         zf.writestr(f"{dist}.dist-info/METADATA", meta)
         zf.writestr(f"{dist}.dist-info/WHEEL", "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
         zf.writestr(f"{dist}.dist-info/RECORD", "")
@@ -99,7 +102,10 @@ def test_into_the_serving_python_one_set_pip_check_clean_idempotent_and_the_way_
     assert (f"sglpatch: flashinfer: {py} has flashinfer-python 0.6.3, nvidia-cutlass-dsl 4.3.4, flashinfer-cubin 0.6.3, "
             "quack-kernels 0.2.4; deps/flashinfer.toml wants flashinfer-python==0.7.2 nvidia-cutlass-dsl>=4.6.2 without "
             "flashinfer-cubin, flashinfer-jit-cache, quack-kernels") in err
-    assert f"sglpatch: flashinfer: installing: {inst} flashinfer-python==0.7.2 nvidia-cutlass-dsl>=4.6.2\n" in err
+    installing = next(ln for ln in err.splitlines() if ln.startswith("sglpatch: flashinfer: installing: "))
+    assert installing.startswith(f"sglpatch: flashinfer: installing: {inst} ")  # exactly pip's plan, with pip's configuration
+    assert installing.endswith(" --no-deps flashinfer-python==0.7.2 nvidia-cutlass-dsl==4.6.2 cuda-tile==1.4.0"), installing
+    assert ("--find-links" in installing and "--no-index" in installing) == (installer == "uv")  # uv is handed PIP_*
     assert "sglpatch: flashinfer: removing quack-kernels 0.2.4 (0.2.4 (0.5.9's pin) needs nvidia-cutlass-dsl<4.4" in err
     check = ["uv", "pip", "check", "--python", py] if installer == "uv" else [py, "-m", "pip", "check"]
     assert subprocess.run(check, capture_output=True).returncode == 0  # the installer's own check, clean
@@ -138,10 +144,15 @@ def test_dry_run_through_the_cli_shows_the_resolvers_plan_and_changes_nothing(bo
     assert proc.returncode == 0, proc.stdout + proc.stderr
     out = proc.stdout.splitlines()
     assert out[0] == "dry run: the tree is not built and nothing is installed"
-    assert out[1] == (f"flashinfer (dry run): would install flashinfer-python==0.7.2 nvidia-cutlass-dsl>=4.6.2, then remove "
-                      f"flashinfer-cubin 0.6.3, quack-kernels 0.2.4 in {py}; the way back: flashinfer-python==0.6.3 "
+    assert out[1].startswith(f"flashinfer: plan for {py} (pip's resolution with your pip configuration): 1 to add, 2 to change, "
+                             "2 to remove, 0.0 MiB to download")
+    plan = [ln.split()[:5] for ln in out[2:7]]
+    assert plan == [["~", "flashinfer-python", "0.6.3", "->", "0.7.2"], ["~", "nvidia-cutlass-dsl", "4.3.4", "->", "4.6.2"],
+                    ["+", "cuda-tile==1.4.0", "0.0", "MiB"], ["-", "flashinfer-cubin", "0.6.3", "(its", "version"],
+                    ["-", "quack-kernels", "0.2.4", "(0.2.4", "(0.5.9's"]], out
+    assert out[7] == (f"flashinfer (dry run): would install flashinfer-python==0.7.2 nvidia-cutlass-dsl>=4.6.2, then remove "
+                      f"flashinfer-cubin 0.6.3, quack-kernels 0.2.4 in {py} (the plan above); the way back: flashinfer-python==0.6.3 "
                       "nvidia-cutlass-dsl==4.3.4 flashinfer-cubin==0.6.3 quack-kernels==0.2.4")
-    assert "  + flashinfer-python==0.7.2" in out and "  + nvidia-cutlass-dsl==4.6.2" in out and "  + cuda-tile==1.4.0" in out
     assert has(py) == before and not wd.exists()
     # --no-install contradicts it; a project without the file says what it needs
     proc = subprocess.run([sys.executable, "-m", "sglpatch.cli", "apply", "--project", str(project_copy), "--no-install",
@@ -228,3 +239,101 @@ def test_apply_refuses_before_installing_when_the_tree_pins_the_old_set(box, pro
         f"sglpatch: error: the patched tree's python/pyproject.toml pins {', '.join(bad)}: pip check would fail after "
         "--with-flashinfer; the series must carry P5's pin change (deps/flashinfer.toml); nothing was installed")
     assert has(py)["flashinfer-python"] == "0.6.3" and "sglang" not in fiset.installed(py)
+
+
+# ----------------------------------------------------------------------------- issue 38: the user's pip configuration, torch
+
+
+@pytest.fixture
+def users_pip(tmp_path, monkeypatch):
+    """The user's pip configuration: their mirror (a find-links folder, no other index) and a
+    constraints file (torch==2.9.1, nvidia-cutlass-dsl<4.7). uv's own default index, which it reads
+    instead when nobody hands it pip's settings, stands for PyPI: there the newest torch (the CUDA 13
+    one) and the newest nvidia-cutlass-dsl."""
+    mirror, pypi, empty = tmp_path / "mirror", tmp_path / "pypi", tmp_path / "empty"
+    for d in (mirror, pypi, empty):
+        d.mkdir()
+    for index in (mirror, pypi):
+        wheel(index, "flashinfer-python", "0.7.2", ("nvidia-cutlass-dsl>=4.6.2a0", "torch"))
+        wheel(index, "flashinfer-python", "0.7.3", ("nvidia-cutlass-dsl>=4.6.2a0", "torch>=2.10"))
+        for v in ("4.6.2", "4.7.0"):
+            wheel(index, "nvidia-cutlass-dsl", v)
+        wheel(index, "torch", "2.14.1", pad=1 << 20)
+    wheel(mirror, "torch", "2.9.1", pad=1 << 20)  # 1 MiB that does not compress: the plan shows its size
+    constraints = tmp_path / "constraints.txt"
+    constraints.write_text("torch==2.9.1\nnvidia-cutlass-dsl<4.7\n")
+    env = {"PIP_CONFIG_FILE": os.devnull, "PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(mirror), "PIP_CONSTRAINT": str(constraints),
+           "PIP_DISABLE_PIP_VERSION_CHECK": "1", "UV_DEFAULT_INDEX": f"file://{empty}", "UV_FIND_LINKS": str(pypi),
+           "UV_CACHE_DIR": str(tmp_path / "uv-cache"), "PATH": f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}"}
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    for k in ("PIP_EXTRA_INDEX_URL", "PIP_INDEX_URL", "UV_CONSTRAINT", "UV_INDEX_URL", "UV_EXTRA_INDEX_URL", "PYTHONPATH"):
+        monkeypatch.delenv(k, raising=False)
+    project = tmp_path / "project"
+    (project / "deps").mkdir(parents=True)
+    (project / "deps" / "flashinfer.toml").write_text((ROOT / "deps" / "flashinfer.toml").read_text())
+    return SimpleNamespace(tmp=tmp_path, mirror=mirror, project=project)
+
+
+def bare_venv(tmp: Path, *have: str) -> str:
+    """A venv without pip (as uv makes them), holding have (from the user's mirror)."""
+    d = tmp / "serving"
+    venv.EnvBuilder(with_pip=False).create(d)
+    py = str(d / "bin" / "python")
+    if have:
+        subprocess.run(["uv", "pip", "install", "-q", "--python", py, "--no-index", "--find-links", str(tmp / "mirror"), *have],
+                       check=True, capture_output=True)
+    return py
+
+
+@pytest.mark.parametrize("installer", ["uv", "pip"])
+def test_the_set_is_installed_within_the_users_pip_configuration_and_its_plan_comes_first(users_pip, installer, capsys):
+    """torch 2.9.1 is there; the user's constraint keeps nvidia-cutlass-dsl below 4.7. uv used to
+    take 4.7.0 from its own default index, ignoring pip's configuration."""
+    py = bare_venv(users_pip.tmp, "torch==2.9.1")
+    fs = fiset.read(users_pip.project)
+    lines = fiset.install_into(py, fs, installer)
+    got = has(py)
+    assert got["flashinfer-python"] == "0.7.2" and got["nvidia-cutlass-dsl"] == "4.6.2", got
+    assert fiset.installed(py)["torch"] == "2.9.1"
+    out = capsys.readouterr()
+    plan = [ln for ln in out.out.splitlines() if ln.startswith(("flashinfer: plan", "  + ", "  ~ ", "  - "))]
+    assert plan[0].startswith(f"flashinfer: plan for {py} (pip's resolution with your pip configuration): 2 to add, 0 to change, "
+                              "0 to remove, ") and plan[0].endswith(" MiB to download"), out.out
+    assert any(ln.startswith("  + flashinfer-python==0.7.2 ") and ln.endswith(" MiB") for ln in plan), plan
+    assert any(ln.startswith("  + nvidia-cutlass-dsl==4.6.2 ") for ln in plan), plan
+    assert out.err.index("installing:") > 0 and lines[-1].startswith("pip check: no conflict")
+
+
+def test_the_set_never_installs_torch_into_a_venv_without_one(users_pip, project_copy, capsys):
+    """The issue's case: a venv without torch. The plan (pip's, within the constraint: torch 2.9.1,
+    1 MiB) goes first, then one line refuses: the set needs torch, and --with-flashinfer never
+    installs it. uv used to install the newest torch from its own index (6.3 GB of CUDA 13)."""
+    py = bare_venv(users_pip.tmp)
+    with pytest.raises(SglpatchError) as e:
+        fiset.install_into(py, fiset.read(users_pip.project), "uv")
+    msg = str(e.value)
+    assert "\n" not in msg and msg.startswith(f"flashinfer: the set needs torch 2.9.1 and {py} has no torch: ")
+    assert "never installs or upgrades torch" in msg and msg.endswith("nothing was installed")
+    assert "torch" not in fiset.installed(py) and "flashinfer-python" not in fiset.installed(py)
+    out = capsys.readouterr().out
+    assert any(ln.startswith("  + torch==2.9.1 ") and ln.endswith("1.0 MiB") for ln in out.splitlines()), out
+    # the CLI: the plan and the refusal come before the tree is built (project_copy: the same folder, now a whole project)
+    assert project_copy == users_pip.project
+    wd = users_pip.tmp / "fork"
+    proc = subprocess.run([sys.executable, "-m", "sglpatch.cli", "apply", "--project", str(project_copy), "--workdir", str(wd),
+                           "--source", "sdist", "--python", py, "--with-flashinfer"], capture_output=True, text=True, timeout=300,
+                          cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT / "src")))
+    assert proc.returncode == 1 and proc.stderr.strip().splitlines()[-1] == f"sglpatch: error: {msg}", proc.stdout + proc.stderr
+    assert proc.stdout.splitlines()[0].startswith(f"flashinfer: plan for {py} ") and not wd.exists()
+
+
+def test_a_set_that_needs_another_torch_is_refused_in_one_line(users_pip):
+    toml = users_pip.project / "deps" / "flashinfer.toml"
+    toml.write_text(toml.read_text().replace('version = "0.7.2"', 'version = "0.7.3"'))
+    (users_pip.tmp / "constraints.txt").write_text("nvidia-cutlass-dsl<4.7\n")  # torch free: the set wants >=2.10
+    py = bare_venv(users_pip.tmp, "torch==2.9.1")
+    with pytest.raises(SglpatchError) as e:
+        fiset.install_into(py, fiset.read(users_pip.project), "uv")
+    assert str(e.value).startswith(f"flashinfer: the set needs torch 2.14.1 and {py} has torch 2.9.1: ")
+    assert fiset.installed(py)["torch"] == "2.9.1" and "flashinfer-python" not in fiset.installed(py)

@@ -13,7 +13,7 @@ from sglpatch.argtypes import positive
 from sglpatch.errors import SglpatchError
 from sglpatch.workdir import PATCHED_BRANCH, UPSTREAM_BRANCH
 
-HELP = "find the first bad patch with git bisect run (CMD: 0 good, 125 skip, other bad)"
+HELP = "find the first bad patch with git bisect run (CMD: 0 good, 1 bad, 125 skip; 2, a usage error, stops: no verdict)"
 DESCRIPTION = (
     "Run CMD at each step of `git bisect run` over GOOD..BAD in the workdir (the editable "
     "install makes the imported sglang that step's tree) and name the first bad patch by its series "

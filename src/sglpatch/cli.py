@@ -103,6 +103,8 @@ def _add_doctor(sub) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    if hasattr(sys.stdout, "reconfigure"):  # piped (`| tee`), stdout keeps its place among stderr's lines
+        sys.stdout.reconfigure(line_buffering=True)
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     if extra:  # the command's own usage line, not the top-level one (`rebase --dryrun`)

@@ -3,8 +3,10 @@
 requirements installed in the same resolver call (``override``), the packages that go (``remove``).
 
 Into an existing Python (``apply --python P --with-flashinfer``, ``scripts/apply.sh``): what P has
-is read first; when it already holds the set nothing is installed. Otherwise one installer call
-(``uv pip install --python P`` when uv is found, else ``P -m pip install``) installs the set, then
+is read first; when it already holds the set nothing is installed. Otherwise pip's plan with the
+user's pip configuration comes first (``plan_first``, sglpatch.pipconf: added, changed, removed,
+sizes; refused when it would install or upgrade torch), then one installer call (uv when found,
+handed pip's configuration, else pip) installs exactly that plan, then
 the packages to remove are uninstalled, then ``pip check`` runs: a line of it that names a package
 of the set fails the step (the others are P's own and are listed). The versions P had are printed
 first as the command that puts them back. A dry run prints the installer's own dry-run plan.
@@ -24,7 +26,7 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
-from sglpatch import toml
+from sglpatch import pipconf, toml
 from sglpatch.errors import SglpatchError, say
 from sglpatch.pyenv import find_uv, installed_distributions
 from sglpatch.pyenv import norm_name as norm
@@ -186,7 +188,7 @@ def _cmds(python: str, installer: str) -> tuple[str | None, list[str], list[str]
     if uv:
         return uv, [uv, "pip", "install", "--python", python], [uv, "pip", "uninstall", "--python", python], \
             [uv, "pip", "check", "--python", python]
-    pip = [python, "-m", "pip"]
+    pip = pipconf.pip_cmd(python)
     return None, [*pip, "install", "--disable-pip-version-check"], [*pip, "uninstall", "-y"], [*pip, "check"]
 
 
@@ -214,36 +216,42 @@ def verdict(python: str, fs: FlashinferSet, installer: str = "auto", rollback: s
         if others else " (clean)")
 
 
-def install_into(python: str, fs: FlashinferSet, installer: str = "auto", dry_run: bool = False) -> list[str]:
-    """Bring python to the set (progress on stderr); the summary lines for stdout."""
+def plan_first(python: str, fs: FlashinferSet, have: dict[str, str] | None = None) -> pipconf.InstallPlan | None:
+    """Before anything is built or installed: pip's plan for the set in python with the user's pip
+    configuration (added, changed, removed, sizes), printed; one line when it needs another torch."""
+    have = installed(python) if have is None else have
+    t = todo(fs, have)
+    if t.nothing:
+        return None
+    p = pipconf.plan(python, t.install, have, fs.index, "flashinfer") if t.install else pipconf.InstallPlan(python)
+    p.removed = [(n, have[n], fs.remove[n]) for n in t.remove]
+    print("\n".join(p.lines("flashinfer")), flush=True)
+    pipconf.refuse_never(p, "flashinfer", "--with-flashinfer")
+    return p
+
+
+def install_into(python: str, fs: FlashinferSet, installer: str = "auto", dry_run: bool = False,
+                 plan: pipconf.InstallPlan | None = None) -> list[str]:
+    """Bring python to the set (progress on stderr); the summary lines for stdout. plan: plan_first's,
+    when the caller showed it before other work (else it is made and shown here)."""
     have = installed(python)
     t = todo(fs, have)
     now = ", ".join(f"{n} {have[n]}" for n in (PACKAGE, *fs.override, *fs.remove) if n in have) or "none of its packages"
     say(f"flashinfer: {python} has {now}; deps/flashinfer.toml wants {' '.join(fs.requirements)}"
         + (f" without {', '.join(fs.remove)}" if fs.remove else "") + (f" ({fs.why})" if fs.why else ""))
     uv, inst, uninst, _ = _cmds(python, installer)
-    extra = ["--extra-index-url", fs.index] if fs.index else []
     if t.nothing:
         return [f"flashinfer: {python} already has flashinfer-python {fs.version} and the set; nothing to change",
                 verdict(python, fs, installer)]
+    plan = plan or plan_first(python, fs, have)
     if dry_run:
-        out = [f"flashinfer (dry run): would install {' '.join(t.install) or 'nothing'}"
-               + (f", then remove {', '.join(f'{n} {have[n]}' for n in t.remove)}" if t.remove else "")
-               + f" in {python}; the way back: {t.rollback or '(nothing installed before)'}"]
-        if t.install:
-            cmd = [*inst, "--dry-run", *extra, *t.install]
-            if not uv:
-                cmd[cmd.index("--dry-run"):cmd.index("--dry-run") + 1] = ["--dry-run", "-q", "--report", "-"]
-            proc = subprocess.run(cmd, capture_output=True, text=True, cwd="/")
-            if proc.returncode != 0:
-                raise SglpatchError(f"flashinfer: the installer cannot resolve {' '.join(t.install)} for {python}: "
-                                    + _one_line(proc.stderr or proc.stdout))
-            out += [f"  {ln}" for ln in _plan_lines(proc.stdout + proc.stderr, uv is not None)]
-        return out
+        return [f"flashinfer (dry run): would install {' '.join(t.install) or 'nothing'}"
+                + (f", then remove {', '.join(f'{n} {have[n]}' for n in t.remove)}" if t.remove else "")
+                + f" in {python} (the plan above); the way back: {t.rollback or '(nothing installed before)'}"]
     say(f"flashinfer: the way back, should you need it: {' '.join(inst)} {t.rollback}" if t.rollback else
         "flashinfer: none of the set was installed before")
-    if t.install:
-        cmd = [*inst, *extra, *t.install]
+    if plan.items:  # exactly the plan, with the user's pip configuration whichever installer runs
+        cmd = pipconf.install_cmd(python, uv, plan.pins, fs.index)
         say(f"flashinfer: installing: {' '.join(cmd)}")
         proc = subprocess.run(cmd, cwd="/")
         if proc.returncode != 0:
@@ -260,19 +268,3 @@ def install_into(python: str, fs: FlashinferSet, installer: str = "auto", dry_ru
     line += (f"; removed {', '.join(t.remove)}" if t.remove else "") + (f"; the way back: {back}" if back else "")
     return [line, verdict(python, fs, installer, back)]
 
-
-def _plan_lines(text: str, uv: bool) -> list[str]:
-    if uv:
-        return [ln.strip() for ln in text.splitlines() if re.match(r"^\s*(Would|[+-] )", ln)]
-    import json
-
-    try:
-        report = json.loads(text[text.index("{"):])
-    except ValueError:
-        return []
-    return [f"+ {i['metadata']['name']}=={i['metadata']['version']}" for i in report.get("install", [])]
-
-
-def _one_line(text: str) -> str:
-    joined = " ".join(ln.strip() for ln in text.splitlines() if ln.strip())
-    return joined if len(joined) <= 500 else joined[:497] + "..."

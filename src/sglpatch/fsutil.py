@@ -246,6 +246,41 @@ def clean_stale_tmp() -> list[str]:
 TEST_HOOKS_VAR = "SGLPATCH_TEST_HOOKS"  # only the test harness sets it (tests/conftest.py)
 
 
+def replace_dir(src: Path, dest: Path) -> None:
+    """Put a copy of the folder src in place of the folder dest in one step: the copy is made next
+    to dest (``.NAME.sglpatch-new``), then the two are exchanged (renameat2 RENAME_EXCHANGE), so
+    that a kill at any point leaves dest the old folder or the new one, never missing or half
+    copied; then the old one goes. A copy left by a killed run is removed by the next call."""
+    dest = Path(dest)
+    staged = dest.with_name(f".{dest.name}.sglpatch-new")
+    if staged.exists() or staged.is_symlink():
+        shutil.rmtree(staged) if staged.is_dir() and not staged.is_symlink() else staged.unlink()
+    shutil.copytree(src, staged, symlinks=True)
+    crashpoint("replace_dir:copied")
+    if not dest.exists():
+        os.rename(staged, dest)
+        return
+    _exchange(staged, dest)
+    crashpoint("replace_dir:swapped")
+    shutil.rmtree(staged)
+
+
+def _exchange(a: Path, b: Path) -> None:
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    fn = getattr(libc, "renameat2", None)
+    if fn is not None and fn(-100, os.fsencode(a), -100, os.fsencode(b), 2) == 0:  # AT_FDCWD, RENAME_EXCHANGE
+        return
+    err = ctypes.get_errno() if fn is not None else errno.ENOSYS
+    if err not in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+        raise OSError(err, os.strerror(err), str(b))
+    old = b.with_name(f".{b.name}.sglpatch-old")  # no exchange here: two renames, the old one kept until the new is in
+    os.rename(b, old)
+    os.rename(a, b)
+    os.rename(old, a)
+
+
 def crashpoint(step: str) -> None:
     """Fault-injection hook for the failure-mode tests: ``SGLPATCH_CRASH_AT=step`` makes the
     process SIGKILL itself here, the way an OOM kill or a power cut would stop it.

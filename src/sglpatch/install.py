@@ -16,12 +16,10 @@ from pathlib import Path
 
 from sglpatch import exitcodes, pyenv
 from sglpatch.errors import SglpatchError
+from sglpatch.fsutil import crashpoint
 from sglpatch.gitcmd import Git
 from sglpatch.pyenv import find_uv
-from sglpatch.workdir import INSTALLED_KEY, scratch_dir
-
-GENERATED = ("python/sglang/_version.py",)  # rewritten by setuptools-scm during the build
-
+from sglpatch.workdir import INSTALLED_KEY, put_back_built, scratch_dir
 
 def check_target(python: str | None, installs: bool) -> None:
     """Before any work: a --python that is not a Python is a one-line usage error; the interpreter
@@ -171,11 +169,11 @@ def install(workdir: Path, python: str | None = None, installer: str = "auto", v
     if version:
         # the workdir carries no upstream tags; tell setuptools-scm the pinned version
         env["SETUPTOOLS_SCM_PRETEND_VERSION_FOR_SGLANG"] = version
-    proc = subprocess.run(cmd, stdout=sys.stderr, stderr=sys.stderr, env=env)
-    # setuptools-scm rewrites _version.py during the build; keep the tree clean.
-    for path in GENERATED:
-        if path in git.dirty_files():
-            git.run("checkout", "-q", "HEAD", "--", path)
+    try:
+        proc = subprocess.run(cmd, stdout=sys.stderr, stderr=sys.stderr, env=env)
+        crashpoint("install:built")
+    finally:  # setuptools-scm rewrites _version.py during the build: put it back, also after Ctrl-C
+        put_back_built(git, quiet=True)
     if proc.returncode != 0:
         raise SglpatchError(
             f"installing {src} failed (exit {proc.returncode}, see above); the patched tree is ready in {workdir}: "

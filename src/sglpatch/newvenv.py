@@ -47,6 +47,9 @@ def pinned_version(req: str) -> str | None:
 def release_metadata(artifact: Path) -> tuple[str, str, list[str]]:
     """(name, version, requirements without extras) from an sdist's PKG-INFO or a wheel's METADATA."""
     artifact = Path(artifact)
+    what = "METADATA" if artifact.name.endswith(".whl") else "PKG-INFO"
+    if artifact.exists() and not artifact.is_file():  # a FIFO or a device would be read forever
+        raise SglpatchError(f"{artifact} is not a regular file: pass the release's own sdist or wheel (--release-artifact)")
     try:
         if artifact.name.endswith(".whl"):
             with zipfile.ZipFile(artifact) as zf:
@@ -56,6 +59,9 @@ def release_metadata(artifact: Path) -> tuple[str, str, list[str]]:
             with tarfile.open(artifact, "r:*") as tf:
                 member = next((m for m in tf if re.fullmatch(r"[^/]+/PKG-INFO", m.name) and m.isfile()), None)
                 text = tf.extractfile(member).read().decode("utf-8") if member else ""
+    except UnicodeDecodeError as e:
+        raise SglpatchError(f"{artifact}: its {what} is not UTF-8 text ({e.reason} at byte {e.start}): "
+                            "pass the release's own sdist or wheel (--release-artifact)")
     except (OSError, tarfile.TarError, zipfile.BadZipFile) as e:
         raise SglpatchError(f"cannot read the release metadata from {artifact}: {e}")
     if not text:

@@ -38,6 +38,7 @@ class Check:
     name: str
     ok: bool | None  # None: not checked / not needed here
     text: str
+    cannot_run: bool = False  # failed because this box cannot run it (no driver): exit 125, as the doctor
 
     def line(self) -> str:
         state = "ok" if self.ok else ("FAIL" if self.ok is False else "skip")
@@ -101,7 +102,8 @@ def check_driver(plan, selection=None) -> Check:
     rows, exe = gpus()
     if major is not None and not rows and os.environ.get(NO_DRIVER_OK) != "1":  # the doctor's skip is not a pass here
         return Check("driver", False, f"no NVIDIA driver answers here ({exe or 'nvidia-smi not found'}): the venv's CUDA {major} "
-                     f"(from {why}) cannot run on this box; build it where it serves, or set {NO_DRIVER_OK}=1 to build it for another box")
+                     f"(from {why}) cannot run on this box; build it where it serves, or set {NO_DRIVER_OK}=1 to build it for another box",
+                     cannot_run=True)
     return driver_verdict(major, why, rows, exe, offer_cuda12=selection is None)
 
 

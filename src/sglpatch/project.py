@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,7 +38,8 @@ class Project:
 
 def find_project(start: Path | None = None) -> Path:
     here = Path(start or Path.cwd()).resolve()
-    for d in (here, *here.parents):
+    home = os.environ.get("SGLPATCH_PROJECT")  # scripts/sglpatch: its checkout, where no folder above is a project
+    for d in (here, *here.parents, *([Path(home).resolve()] if home and not start else [])):
         if (d / SERIES_NAME).is_file() and (d / "upstream.lock").is_file():
             return d
     raise SglpatchError("no sglpatch project here (no series + upstream.lock in this folder or above); pass --project DIR", exitcodes.USAGE)

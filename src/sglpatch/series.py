@@ -127,6 +127,8 @@ def read_series(project: Path) -> Series:
     if path.is_symlink():  # read through, then replaced by a file on export
         raise SeriesError(f"{path} is a symbolic link (to {os.readlink(path)}); the series must be a regular file in the "
                           "project, as the patch files are: replace the link by the file")
+    if path.exists() and not path.is_file():
+        raise SeriesError(f"{path} is not a regular file; the series must be one: replace it with the file and re-run")
     try:
         raw = path.read_bytes()
     except FileNotFoundError:
@@ -308,6 +310,9 @@ def read_patch(project: Path, entry: Entry) -> PatchFile:
     if path.is_symlink():
         raise SeriesError(f"{PATCH_DIR}/{entry.name} is a symbolic link; patch files must be regular files")
     patch_path(project, entry.name)
+    if path.exists() and not path.is_file() and not path.is_dir():  # a FIFO would be read forever
+        raise SeriesError(f"{PATCH_DIR}/{entry.name} is not a regular file (a FIFO, a socket or a device); patch files must be "
+                          "regular files: replace it with the patch and re-run")
     try:
         data = path.read_bytes()
     except FileNotFoundError:

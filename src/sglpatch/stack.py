@@ -26,25 +26,12 @@ from sglpatch.gitcmd import FIXED_DATE, Git, last_line
 from sglpatch.project import Project
 from sglpatch.series import (PATCH_DIR, REQUIRED_DEP3, SERIES_NAME, Entry, PatchFile, Series, hunks_by_path, parse_patch,
                              patch_path, read_patch, read_series, slug)
-from sglpatch.workdir import (BACKUP_PREFIX, PATCHED_BRANCH, UPSTREAM_BRANCH, clear_scratch, guard_movable, guard_no_rebase, lockfile,
-                              move_patched, open_workdir, record, recorded, scratch_dir)
+from sglpatch.workdir import (BACKUP_PREFIX, BUILT, PATCHED_BRANCH, UPSTREAM_BRANCH, clear_scratch, edits, guard_movable, guard_no_rebase,
+                              lockfile, move_patched, open_workdir, record, recorded, scratch_dir)
 
 FORMAT_PATCH_FLAGS = (
-    "--stdout",
-    "--zero-commit",
-    "--no-signature",
-    "--full-index",
-    "--find-renames",
-    "--no-numbered",
-    "--no-cover-letter",
-    "--no-thread",
-    "--no-notes",
-    "--no-signoff",
-    "--subject-prefix=PATCH",
-    "--encoding=UTF-8",
-    "--stat=72",
-    "--summary",
-    "--binary",
+    "--stdout", "--zero-commit", "--no-signature", "--full-index", "--find-renames", "--no-numbered", "--no-cover-letter",
+    "--no-thread", "--no-notes", "--no-signoff", "--subject-prefix=PATCH", "--encoding=UTF-8", "--stat=72", "--summary", "--binary",
 )
 
 
@@ -244,8 +231,11 @@ def _taken(path: Path, data: bytes) -> bool:
     return path.exists() and not (path.is_file() and path.read_bytes() == data)
 
 
-def format_patch(git: Git, commit: str) -> bytes:
-    return git.run("format-patch", *FORMAT_PATCH_FLAGS, "-1", commit, binary=True)
+def format_patch(git: Git, commit: str, built: bool = False) -> bytes:
+    """commit as a patch file, without the build's output (BUILT) unless built."""
+    if built:
+        return git.run("format-patch", *FORMAT_PATCH_FLAGS, "-1", commit, binary=True)
+    return git.run("format-patch", *FORMAT_PATCH_FLAGS, f"{commit}^!", "--", ".", *(f":(top,exclude){p}" for p in BUILT), binary=True)
 
 
 def export(project_root: Path, workdir: Path) -> ExportResult:
@@ -260,12 +250,10 @@ def export_locked(project_root: Path, git: Git) -> ExportResult:
     series = read_series(project_root)
     for e in series.entries:  # none of them may lead outside the project (a linked folder)
         patch_path(project_root, e.name)
-    base = git.rev(UPSTREAM_BRANCH)
-    head = git.rev(PATCHED_BRANCH)
+    base, head = git.rev(UPSTREAM_BRANCH), git.rev(PATCHED_BRANCH)
     if not base or not head:
         raise SglpatchError(f"{git.workdir} has no {UPSTREAM_BRANCH}/{PATCHED_BRANCH} branches; run `sglpatch apply` first")
-    dirty = git.dirty_files()
-    if dirty:
+    if dirty := edits(git)[0]:
         say(f"warning: {len(dirty)} uncommitted file(s) in {git.workdir} are not exported; commit them on {PATCHED_BRANCH} first")
     commits = git.commits(base, head)
     old_by_name = {e.name: e for e in series.entries}
@@ -278,16 +266,21 @@ def export_locked(project_root: Path, git: Git) -> ExportResult:
     new_entries: list[Entry] = []
     datas: list[bytes] = []
     used: set[str] = set()
-    for i, c in enumerate(commits):
+    built = set(git.run("log", "--format=%H", f"{base}..{head}", "--", *BUILT).split())  # commits with build output
+    for c in commits:
         data = format_patch(git, c)
+        if c in built:
+            say(f"commit {c[:12]} ({git.subject(c)}): {', '.join(BUILT)} is build output, never exported: "
+                + ("the commit changes nothing else, so it is not a patch" if not data.strip() else "left out of its patch"))
+            if not data.strip():
+                continue
         if not data.strip():  # git format-patch writes nothing for a commit without a change
             raise SglpatchError(
                 f"commit {c[:12]} ({git.subject(c)}) on {PATCHED_BRANCH} changes nothing, so it cannot be a patch: drop it "
                 f"(`git -C {git.workdir} rebase -i {base[:12]}`, delete its line) or give it a change, then re-run export; "
                 "nothing was written"
             )
-        subject = parse_patch(f"commit {c[:12]}", data).subject
-        name = None
+        subject, i, name = parse_patch(f"commit {c[:12]}", data).subject, len(new_entries), None  # i: numbered among the exported
         if i < len(series.entries) and old_subjects.get(series.entries[i].name) == subject:
             name = series.entries[i].name
         if name is None or name in used:
@@ -331,7 +324,9 @@ def export_locked(project_root: Path, git: Git) -> ExportResult:
     crashpoint("export:series")
     # the workdir now matches the series again
     project = Project.load(project_root)
-    record(git, project.digest(base), head)
+    record(git, "build-output-left-out" if built else project.digest(base), head)  # so the next apply builds patched without it
+    if built:
+        say(f"run `sglpatch apply` to build {PATCHED_BRANCH} again without the build output (the old one is kept under {BACKUP_PREFIX}/)")
     return ExportResult(written, unchanged, removed, series_changed)
 
 
@@ -362,8 +357,9 @@ def status(project_root: Path, workdir: Path) -> list[str]:
         lines.append("state:    the series changed since the last apply: run `sglpatch apply`")
     else:
         lines.append("state:    in sync with the series")
-    dirty = git.dirty_files()
-    lines.append(f"dirty:    {len(dirty)} uncommitted file(s)" + (": " + ", ".join(dirty[:5]) if dirty else ""))
+    dirty, built = edits(git)
+    lines.append(f"dirty:    {len(dirty)} uncommitted file(s)" + (": " + ", ".join(dirty[:5]) if dirty else "")
+                 + (f" ({', '.join(built)}: build output, put back by the next apply)" if built else ""))
     return lines
 
 

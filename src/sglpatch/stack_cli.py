@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import sys
 
-from sglpatch import cliargs, exitcodes, fiset, install, newvenv, stack, upstream
+from sglpatch import cliargs, exitcodes, fiset, install, lines, newvenv, stack, upstream
 from sglpatch.errors import SglpatchError
 from sglpatch.lock import read_lock
 
@@ -25,6 +25,10 @@ def _cmd_apply(args) -> int:
     try:
         line = cliargs.line(args)
         project, workdir = line.root, cliargs.line_workdir(args, line)
+        checkout = lines.checkout_of(project).resolve()
+        if workdir.resolve().is_relative_to(checkout):
+            raise SglpatchError(f"--workdir {args.workdir or workdir} is inside the sglpatch checkout {checkout} (a git repository "
+                                "inside it): pass a folder outside it, e.g. --workdir ~/sglang-fork; nothing was changed", exitcodes.USAGE)
         prep = None
         if args.venv:
             base = args.python or sys.executable
@@ -33,16 +37,20 @@ def _cmd_apply(args) -> int:
             newvenv.guard_workdir(workdir, base)
             prep = newvenv.prepare(project, args.venv, base, args.installer, args.with_flashinfer, args.release_artifact, args.dry_run,
                                    cuda=args.cuda)
-            if prep.refused:
-                raise SglpatchError(f"preflight refused: {len(prep.refused)} condition(s) failed (the FAIL lines above); nothing was created")
+            if prep.refused:  # no driver here: 125, also when other conditions failed (the doctor's rule, the exit-code table)
+                here = any(c.cannot_run for c in prep.refused)
+                raise SglpatchError(f"preflight refused: {len(prep.refused)} condition(s) failed (the FAIL lines above); nothing was created"
+                                    + (f"; no NVIDIA driver answers here: cannot run here (exit {exitcodes.CANNOT_RUN})" if here else ""),
+                                    exitcodes.CANNOT_RUN if here else exitcodes.ERROR)
             if args.dry_run:
                 return 0
-        elif args.with_flashinfer:  # into --python: the set is read (and checked) before any work
+        elif args.with_flashinfer:  # into --python: the set is read (and checked), and its plan shown, before any work
             fs = fiset.read(project)
             if args.dry_run:
                 print("dry run: the tree is not built and nothing is installed")
                 print("\n".join(fiset.install_into(args.python or sys.executable, fs, args.installer, dry_run=True)))
                 return 0
+            fplan = fiset.plan_first(args.python or sys.executable, fs)
         if args.upstream_url:
             upstream.validate_url(args.upstream_url)
         source = args.source
@@ -70,7 +78,7 @@ def _cmd_apply(args) -> int:
                                   lock=read_lock(project)))
             py = args.python or sys.executable
             if args.with_flashinfer:
-                print("\n".join(fiset.install_into(py, fs, args.installer)))
+                print("\n".join(fiset.install_into(py, fs, args.installer, plan=fplan)))
             print("\n".join(install.report(py, workdir, read_lock(project).version)))
         patches = stack.carried(project, workdir)
         print(f"{workdir} (branch patched, line {line.release}{' (primary)' if line.primary else ''}) carries {len(patches)} patches:")

@@ -38,13 +38,29 @@ from sglpatch.unpack import commits_match, safe_extract
 TREE_REF = "refs/sglpatch/trees"
 
 
+STALE_PACK_S = 3600  # a repack's temporary file this old is a killed one's (a live repack writes it in seconds)
+
+
 def cache_repo() -> Git:
     clean_stale_tmp()  # what a killed watch or dry run left in TMPDIR
     path = cache_dir() / "trees.git"
     if not (path / "HEAD").exists():
         cache_subdir("trees.git")
         Git(path).run("init", "-q", "--bare")
+    _sweep_killed_repacks(path / "objects" / "pack")
     return Git(path)
+
+
+def _sweep_killed_repacks(pack: Path) -> None:
+    """A repack killed while it wrote (tree_commit's) leaves tmp_pack_* / tmp_idx_* / .tmp-*-pack-*
+    for ever: remove those older than STALE_PACK_S (a repack running now may be writing a young one)."""
+    now = time.time()
+    for p in [*pack.glob("tmp_pack_*"), *pack.glob("tmp_idx_*"), *pack.glob(".tmp-*-pack-*")]:
+        try:
+            if p.is_file() and not p.is_symlink() and now - p.stat().st_mtime > STALE_PACK_S:
+                p.unlink()
+        except OSError:
+            pass
 
 
 def cached(cg: Git, sha256: str, name: str) -> str | None:

@@ -39,6 +39,8 @@ def load(path: str | Path) -> list[dict]:
     """Read the JSONL file; raise SglpatchError with a one-line reason if unusable."""
     path = Path(path)
     hint = "write one by launching SGLang with SGLANG_VERIFY_PROFILE=1 SGLANG_VERIFY_PROFILE_FILE=<file> (patch 0004)"
+    if path.exists() and not path.is_file() and not path.is_dir():  # /dev/zero, a FIFO: read forever
+        raise SglpatchError(f"{path}: not a regular file (a device, a FIFO or a socket); copy the profile to a file and pass that")
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
@@ -109,6 +111,7 @@ def _batch_buckets(r: dict) -> dict[int, list[float]]:
                 and int(bs) > 0  # a batch of 0 requests commits nothing
                 and isinstance(b, dict)
                 and all(_is_number(b.get(k)) for k in ("cycles", "cycle_ms_mean", "accept_length"))
+                and b["cycles"] > 0  # no cycles of that size in the interval: no data, no verdict from it
             ):
                 out[int(bs)] = [b["cycles"], b["cycles"] * b["cycle_ms_mean"], b["accept_length"] * b["cycles"] * int(bs)]
         return out

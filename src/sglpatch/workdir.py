@@ -12,6 +12,7 @@
     .git/sglpatch.lock       DIR's lock: one command at a time
     .git/sglpatch-tmp/       scratch files, inside .git so that a kill leaves nothing outside DIR
     .git/sglpatch-rebase/    a rebase's state (sglpatch.rebase.state; its plan, state.json: sglpatch.rebaseplan)
+    python/sglang/_version.py  BUILT: rewritten by every install's build; put back, never an edit, never exported
 
 Everyone else asks this module for these names; nobody copies them.
 """
@@ -23,7 +24,7 @@ import shutil
 from pathlib import Path
 
 from sglpatch import rebaseplan
-from sglpatch.errors import SglpatchError
+from sglpatch.errors import SglpatchError, say
 from sglpatch.fsutil import crashpoint, no_link
 from sglpatch.gitcmd import Git
 
@@ -36,6 +37,8 @@ BACKUP_PREFIX = "refs/sglpatch/backup"
 INSTALLED_KEY = "sglpatch.installed-python"  # the interpreter the tree was last installed into (sglpatch.install)
 REBASE_REF_PREFIX = "refs/sglpatch/rebase"
 SCRATCH = "sglpatch-tmp"
+# written by the tree's build (setuptools-scm) whenever it is installed: build output, never an edit
+BUILT = ("python/sglang/_version.py",)
 REBASE_STATE_DIR = "sglpatch-rebase"
 REBASE_STATE_FILE = "state.json"  # in REBASE_STATE_DIR: there while a rebase is in progress
 _EXCLUDES = ("*.egg-info/", "__pycache__/", "*.pyc", "/python/build/", "*.so")
@@ -108,6 +111,26 @@ def lockfile(git: Git) -> Path:
 # DIR's checkout: may it move, and moving it
 
 
+def put_back_built(git: Git, quiet: bool = False) -> list[str]:
+    """Check out from HEAD the files an install's build rewrote (BUILT: never the user's edits, never
+    exported), saying so unless quiet (the install's own clean-up); returns them."""
+    built = [p for p in git.dirty_files() if p in BUILT] if git.head_commit() else []
+    if built:
+        git.run("checkout", "-q", "HEAD", "--", *built)
+        if not quiet:
+            say(f"put back {', '.join(built)} (rewritten by an install's build, e.g. the install-deps command: not an edit of yours)")
+    return built
+
+
+def edits(git: Git, put_back: bool = False) -> tuple[list[str], list[str]]:
+    """(the tracked files with uncommitted changes that are the user's, those that are build output);
+    put_back: put the build output back first (put_back_built), inside DIR's lock."""
+    if put_back:
+        put_back_built(git)
+    dirty = git.dirty_files()
+    return [p for p in dirty if p not in BUILT], [p for p in dirty if p in BUILT]
+
+
 def guard_movable(git: Git) -> None:
     """Refuse to move DIR's checkout (apply) while git works there, while it has uncommitted
     changes, or while HEAD is detached or on a branch that is not ours."""
@@ -117,7 +140,7 @@ def guard_movable(git: Git) -> None:
             f"{index_lock} exists: a git command is running in {git.workdir}, or one was killed; "
             "if no git is running there, remove that file and re-run; nothing was changed"
         )
-    dirty = git.dirty_files()
+    dirty = edits(git, put_back=True)[0]
     if dirty and git.head_commit() is None and git.config_get(CHECKOUT_KEY):
         dirty = []  # the first checkout into this fresh workdir was interrupted; apply finishes it
     if dirty:

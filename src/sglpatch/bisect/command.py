@@ -13,13 +13,15 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from sglpatch import proctree
+from sglpatch import exitcodes, proctree
 from sglpatch.workdir import UPSTREAM_BRANCH
 from sglpatch.bisect.model import (
     ENV_COMMIT,
     ENV_PATCH,
+    EXIT_BAD,
     EXIT_SKIP,
     KILL_GRACE_S,
+    BisectError,
     SNAPSHOT_EVERY_S,
     PatchRef,
     Step,
@@ -52,6 +54,20 @@ def _pump(src, sinks) -> None:
 
 
 NOT_STARTED = {126: "not executable", 127: "command not found"}
+NO_VERDICT = {  # why an exit stops the bisect: no verdict from a run that could not run
+    exitcodes.USAGE: "a usage error: it could not run as given",
+    exitcodes.INTERRUPTED: "interrupted",
+    None: "not a verdict: 0 passes, 1 fails, 125 cannot run here",
+}
+
+
+def stopped(step: Step, runs: int) -> BisectError:
+    """The one line for a run whose exit is no verdict (NO_VERDICT): the bisect stops there. Exit 2
+    when CMD's own was a usage error, else 1."""
+    fix = (f"run it by hand to see why (its output: {step.log}), fix the command and re-run" if step.rc == exitcodes.USAGE else
+           f"make CMD exit 1 on a regression, e.g. `sh -c 'CMD || exit 1'` (its output: {step.log})")
+    return BisectError(f"CMD exited {step.rc} ({step.note}) on {step.label}: stopped after {runs} run{'s' if runs > 1 else ''}, "
+                         f"no verdict; {fix}", exitcodes.USAGE if step.rc == exitcodes.USAGE else exitcodes.ERROR)
 
 
 def run_cmd(
@@ -138,10 +154,12 @@ def run_cmd(
         elif rc in NOT_STARTED:  # the shell's "not executable" / "not found": CMD did not run at all
             verdict = "skip"
             note = f"exit {rc}: {NOT_STARTED[rc]}: could not run, counted as skip"
-        else:
+        elif rc == EXIT_BAD:  # only the command's own failure is a verdict
             verdict = "bad"
-            if rc is not None and (rc < 0 or rc >= 128):
-                note = "crashed (signal or exit >= 128): counted as bad"
+        elif rc is not None and (rc < 0 or rc >= 128) and rc != exitcodes.INTERRUPTED:
+            verdict, note = "bad", "crashed (signal or exit >= 128): counted as bad"
+        else:  # 2 (a usage error), 3-124, 130: the run says nothing about the code under test
+            verdict, note = "stop", NO_VERDICT.get(rc, NO_VERDICT[None])
         log.write(f"\n# result: rc={rc} verdict={verdict} seconds={seconds:.2f} {note}\n".encode())
     step = Step(run_no, phase, commit, ref.label, rc, verdict, round(seconds, 3), str(log_path), note)
     with open(sd / "steps.jsonl", "a") as f:

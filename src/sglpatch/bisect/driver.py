@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from sglpatch import exitcodes, proctree
-from sglpatch.bisect.command import describe, estimate, read_steps, run_cmd, say
+from sglpatch.bisect.command import describe, estimate, read_steps, run_cmd, say, stopped
 from sglpatch.bisect.model import BisectError, BisectResult, Step, log2_steps, run_bound
 from sglpatch.bisect.report import format_report, write_log
 from sglpatch.bisect.step import raise_interrupt, restore_tracked
@@ -26,7 +26,7 @@ from sglpatch.fsutil import clean_stale_tmp, exclusive, tmp_prefix
 from sglpatch.gitcmd import Git, last_line, validate_ref
 from sglpatch.project import Project, find_project
 from sglpatch.series import parse_dep3, slug
-from sglpatch.workdir import PATCHED_BRANCH, UPSTREAM_BRANCH, lockfile, open_workdir
+from sglpatch.workdir import PATCHED_BRANCH, UPSTREAM_BRANCH, edits, lockfile, open_workdir
 
 
 def _series_map(git: Git, project_root: Path | None) -> tuple[dict[str, dict], str | None, int]:
@@ -68,7 +68,7 @@ def _bisecting(git: Git) -> bool:
 def _guard(git: Git) -> None:
     if _bisecting(git):
         raise BisectError(f"a git bisect is already in progress in {git.workdir}; finish it or run `git -C {git.workdir} bisect reset`, then re-run")
-    dirty = git.dirty_files()
+    dirty = edits(git, put_back=True)[0]
     if dirty:
         shown = ", ".join(dirty[:3]) + (f" and {len(dirty) - 3} more" if len(dirty) > 3 else "")
         raise BisectError(
@@ -297,18 +297,22 @@ def _drive(git, state, state_file, good_sha, bad_sha, n, triage, out, err, holde
             say(err, f"run {run_no}: {ref.label}: {step.outcome()}")
             steps.append(step)
             restore_tracked(git, err)
+            if step.verdict == "stop":
+                raise stopped(step, len(steps))
         git.run("checkout", "-q", PATCHED_BRANCH)
         g, b = steps[0].verdict, steps[1].verdict
+        codes = f" (exit codes: {steps[0].code().removeprefix('exit ')} on GOOD, {steps[1].code().removeprefix('exit ')} on BAD)"
         if g == "skip" or b == "skip":  # no verdict from a step that could not run
             return _cannot_run(steps, n, bound) or _result(
                 "inconclusive", f"cannot triage: CMD could not run (exit 125) on {steps[0 if g == 'skip' else 1].label}",
                 n, bound, steps)
         if g == "bad":
             tail = " (and on the full stack)" if b == "bad" else "; the full stack passes (the series masks or fixes it)"
-            return _result("upstream", f"regression is upstream: CMD fails on {steps[0].label} without our patches{tail}", n, bound, steps)
+            return _result("upstream", f"regression is upstream: CMD fails on {steps[0].label} without our patches{tail}{codes}",
+                           n, bound, steps)
         if b == "good":
-            return _result("no-regression", "no regression: CMD passes on upstream and on the full stack", n, bound, steps)
-        say(err, "regression is in the series: bisecting")
+            return _result("no-regression", f"no regression: CMD passes on upstream and on the full stack{codes}", n, bound, steps)
+        say(err, f"regression is in the series{codes}: bisecting")
         state["budget"] = bound - len(steps)
         state_file.write_text(json.dumps(state))
 
@@ -345,6 +349,8 @@ def _drive(git, state, state_file, good_sha, bad_sha, n, triage, out, err, holde
         if (sd / "step-error").exists():
             raise BisectError(f"the step runner failed: {(sd / 'step-error').read_text().strip()}")
     steps = read_steps(sd)
+    if (sd / "cmd-stop").exists():
+        raise stopped(steps[-1], len(steps))
     log_text = git.run("bisect", "log", check=False)[1]
     (Path(state["log_dir"]) / "bisect.log").write_text(log_text)
     cands = _candidates(git)

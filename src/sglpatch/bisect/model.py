@@ -16,7 +16,7 @@ KILL_GRACE_S = 5.0  # SIGTERM to the CMD's process group, then SIGKILL after thi
 SNAPSHOT_EVERY_S = 0.5  # how often the CMD's descendants are recorded while it runs
 # git bisect run's CMD protocol: good, bad, skip ("cannot run here"), abort (git's own 255)
 EXIT_GOOD, EXIT_BAD, EXIT_SKIP, EXIT_ABORT = exitcodes.OK, exitcodes.ERROR, exitcodes.CANNOT_RUN, 255
-VERDICT_EXIT = {"good": EXIT_GOOD, "bad": EXIT_BAD, "skip": EXIT_SKIP}
+VERDICT_EXIT = {"good": EXIT_GOOD, "bad": EXIT_BAD, "skip": EXIT_SKIP, "stop": EXIT_ABORT}  # stop: no verdict (command.NO_VERDICT)
 
 
 class BisectError(SglpatchError):
@@ -48,13 +48,16 @@ class Step:
     commit: str
     label: str
     rc: int | None  # CMD's exit status; None when it timed out; -N when killed by signal N
-    verdict: str  # good / bad / skip
+    verdict: str  # good / bad / skip / stop
     seconds: float
     log: str
     note: str = ""
 
+    def code(self) -> str:
+        return "timeout" if self.rc is None else (f"signal {-self.rc}" if self.rc < 0 else f"exit {self.rc}")
+
     def outcome(self) -> str:
-        rc = "timeout" if self.rc is None else (f"signal {-self.rc}" if self.rc < 0 else f"exit {self.rc}")
+        rc = self.code()
         note = f" ({self.note})" if self.note else ""
         return f"{rc} -> {self.verdict}, {self.seconds:.1f}s{note}"
 

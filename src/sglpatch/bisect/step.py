@@ -40,6 +40,8 @@ def step_main(state_file: str) -> int:
             step = run_cmd(state, commit, ref, run_no, "bisect", out, err)
             say(err, f"run {run_no}: {ref.label}: {step.outcome()}")
             restore_tracked(git, err)
+            if step.verdict == "stop":  # the driver reads it and stops with one line
+                (sd / "cmd-stop").write_text(str(run_no))
             if (sd / "stop").exists():
                 return EXIT_ABORT
             return VERDICT_EXIT[step.verdict]

@@ -65,7 +65,8 @@ def run_regress(tier: str = "all", profile: str | None = None, report: str | Non
             if prof.get(t):
                 prof[t]["python"] = python
     started = datetime.datetime.now(datetime.timezone.utc)
-    report_dir = Path(report) if report else Path.cwd() / f"regress-{started.strftime('%Y%m%d-%H%M%S')}"
+    here = Path.cwd().resolve()  # inside the checkout: its top, where .gitignore's /regress-*/ keeps it out of git
+    report_dir = Path(report) if report else (proj if here.is_relative_to(proj) else here) / f"regress-{started.strftime('%Y%m%d-%H%M%S')}"
     report_dir = report_dir.resolve()
     plan = RunPlan(profile=prof, profile_path=prof_path, project=proj, report_dir=report_dir,
                    base_env={**os.environ, **{k: str(v) for k, v in prof["env"].items()}}, python=python,

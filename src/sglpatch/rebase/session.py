@@ -20,7 +20,7 @@ from sglpatch.lock import Lock, write_lock
 from sglpatch.project import Project
 from sglpatch.rebaseplan import Plan, RebaseError
 from sglpatch.series import PATCH_DIR
-from sglpatch.workdir import (APPLIED_KEY, BACKUP_PREFIX, PATCHED_BRANCH, REBASE_REF_PREFIX, REBASE_STATE_FILE, UPSTREAM_BRANCH, clear_scratch,
+from sglpatch.workdir import (APPLIED_KEY, BACKUP_PREFIX, PATCHED_BRANCH, REBASE_REF_PREFIX, REBASE_STATE_FILE, UPSTREAM_BRANCH, clear_scratch, edits,
                               lockfile, open_workdir, pin_key, rebase_state_dir, record, scratch_dir)
 from sglpatch.rebase.outcome import CHANGELOG, DROPPED, REPORTS_DIR, RESOLUTIONS_DIR, Action, Outcome, RebaseStopped, table
 from sglpatch.rebase.merge import commit_like
@@ -79,7 +79,7 @@ def start(
             shutil.rmtree(rebase_state_dir(git))
         clear_scratch(git)  # left by a killed run
         state.check_project(project_root, [".", PATCH_DIR, REPORTS_DIR])  # before anything: a read-only project
-        dirty = git.dirty_files()
+        dirty = edits(git, put_back=True)[0]
         if dirty:
             raise RebaseError(f"{git.workdir} has uncommitted changes ({', '.join(dirty[:3])}); commit and `sglpatch export`, or stash them")
         own = f"{git.workdir}-{onto.lstrip('v')}"

@@ -69,6 +69,9 @@ def probe_python(python: str, env: dict, timeout: float = 300.0) -> dict:
 
 def check_sglang(served: dict) -> Check:
     """From served.imported_sglang: the file, version and the workdir's patches."""
+    if served.get("missing"):  # installed, its dependencies not: the command that installs them
+        return Check("sglang", "fail", served["missing"],
+                     f"install them: {served['deps_command']}; or build a complete new venv: scripts/apply.sh --venv NEWDIR")
     if served.get("error"):
         return Check("sglang", "fail", f"{served.get('python')}: {served['error']}",
                      "install the patched tree into that Python (`scripts/apply.sh --python PY`) or pass --python")

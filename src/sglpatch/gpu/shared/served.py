@@ -40,7 +40,7 @@ def imported_sglang(python: str, env: dict, project: Path) -> dict:
     except (OSError, subprocess.TimeoutExpired) as e:
         return {"python": python, "error": f"cannot run {python}: {e}"}
     if p.returncode != 0:
-        return {"python": python, "error": "sglang does not import: " + (p.stderr.strip().splitlines() or ["?"])[-1]}
+        return _not_importing(python, env, "sglang does not import: " + (p.stderr.strip().splitlines() or ["?"])[-1])
     lines = p.stdout.strip().splitlines()
     file, version = Path(lines[-2]).resolve(), lines[-1]
     out = {"python": python, "sglang_file": str(file), "sglang_version": version}
@@ -57,4 +57,23 @@ def imported_sglang(python: str, env: dict, project: Path) -> dict:
         out.update(patches_of(project, workdir))
     except Exception as e:  # noqa: BLE001 — a record, not a verdict (GitPython may be absent on the box)
         out["patches_note"] = f"cannot read the workdir's patches: {type(e).__name__}: {e}"
+    return out
+
+
+def _not_importing(python: str, env: dict, error: str) -> dict:
+    """sglang does not import. When it is installed and its own dependencies are what is missing,
+    say so with the command that installs them (the cpu tier's), and name the tree (so what it
+    carries, P5's adapter, can still be read from its files)."""
+    from sglpatch import pyenv
+
+    out = {"python": python, "error": error}
+    st = pyenv.module_state(python, env=env)
+    if st is None or not st.lacks_dependencies:
+        return out
+    tree = st.tree or "<the tree sglang is installed from>"
+    out.update(missing=f"sglang {st.dist_version} is installed" + (f" (editable from {st.tree})" if st.tree else "")
+               + f" but does not import with {python}: {pyenv.missing_summary(st)}",
+               deps_command=pyenv.deps_command(python, tree, None, pyenv.find_uv()), sglang_version=st.dist_version)
+    if st.tree and (Path(st.tree) / "sglang" / "__init__.py").is_file():
+        out["sglang_file"] = str(Path(st.tree) / "sglang" / "__init__.py")
     return out
