@@ -344,6 +344,21 @@ def venv_0523() -> Path:
     return venv / "bin" / "python"
 
 
+def cuda_home() -> str | None:
+    """The CUDA toolkit the JIT builds use, as the user's box sets it (CUDA_HOME=/usr/local/cuda-12.8):
+    $CUDA_HOME, else the folder above nvcc when it holds libcudart (a wrapper script in /usr/local/bin
+    is not a toolkit: then /usr/local/cuda); None without nvcc."""
+    if os.environ.get("CUDA_HOME"):
+        return os.environ["CUDA_HOME"]
+    nvcc = shutil.which("nvcc")
+    if not nvcc:
+        return None
+    for cand in (Path(os.path.realpath(nvcc)).parents[1], Path("/usr/local/cuda")):
+        if (cand / "bin" / "nvcc").is_file() and list((cand / "lib64").glob("libcudart.so*")):
+            return str(cand)
+    return str(Path(nvcc).parents[1])
+
+
 def wait_pid(path: Path, timeout: float = 20.0) -> int:
     """The pid a child process wrote into path, once it has (an AssertionError past timeout)."""
     deadline = time.monotonic() + timeout

@@ -59,6 +59,9 @@ ACCEPT_BY_REF = ("                cycle.accept = accept_lens.clone()\n", "      
 DROP_NEWEST = ("            self._release(self._pending.popleft())\n", "            self._release(self._pending.pop())\n")
 PROFILE_REPORT, DECISION = "tests/test_profile_report.py", "tests/test_decision.py"
 KERNEL = "tests/test_regress.py"  # the crossover, the cap and the judge, as units
+P6T, JIT = "tests/patches/test_p6_jit_cccl.py", "tests/test_jitcheck.py"
+ROPE = "../jit_kernel/rope.py"  # P6's file, beside srt/
+CCCL_PATHS = ("        extra_include_paths=[str(p) for p in cccl_paths if p.exists()]\n        + [str(flashinfer_include_path)],\n")
 
 MUTANTS: dict[str, list[Mutant]] = {
     "0.5.23": [
@@ -165,6 +168,13 @@ MUTANTS: dict[str, list[Mutant]] = {
                F5, [("                tune_cache=self.tune_cache,\n", "                cache_path=self.tune_cache,\n")], [P5SET]),
         Mutant("p5-p1-does-not-yield", "P5", "rule", "P1's gate ignores the PCIe-IPC switch",
                "server_args.py", [("    if pcie_ipc_on:\n", "    if False:\n")], [P5]),
+        # P6 (0006, issue 36): flashinfer's bundled CCCL for the rope JIT kernel
+        Mutant("p6-cccl-dropped", "P6", "rule", "flashinfer's bundled CCCL folders not passed (data/include only, as before P6)",
+               ROPE, [(CCCL_PATHS, "        extra_include_paths=[str(flashinfer_include_path)],\n")], [P6T]),
+        Mutant("p6-libcudacxx-root", "P6", "name", "libcudacxx's root passed, not its include/ (flashinfer's jit/env.py names libcudacxx/include)",
+               ROPE, [('cccl / "libcudacxx" / "include"', 'cccl / "libcudacxx"')], [P6T]),
+        Mutant("p6-cccl-unconditional", "P6", "default", "the CCCL folders passed whether or not they exist (only a flashinfer that has them tested)",
+               ROPE, [("[str(p) for p in cccl_paths if p.exists()]", "[str(p) for p in cccl_paths]")], [P6T]),
     ],
     "tool": [
         Mutant("profile-break-even-all-batches", "profile-report", "default", "break-even from the mean cycle of all batch sizes, not batch 1's",
