@@ -9,6 +9,10 @@ the packages to remove are uninstalled, then ``pip check`` runs: a line of it th
 of the set fails the step (the others are P's own and are listed). The versions P had are printed
 first as the command that puts them back. A dry run prints the installer's own dry-run plan.
 
+The way back is also recorded in the workdir (``record_way_back``): after the install,
+``sglpatch.jitcheck`` builds the JIT kernels that include flashinfer's headers, and a kernel that
+does not build names it, as ``sglpatch doctor`` does later.
+
 Into a new venv (``apply --venv DIR --with-flashinfer``): ``rewrite`` turns the release's pins into
 the set before the venv's plan is resolved; the same ``pip check`` rule runs on the new venv.
 """
@@ -214,8 +218,26 @@ def verdict(python: str, fs: FlashinferSet, installer: str = "auto", rollback: s
         if others else " (clean)")
 
 
-def install_into(python: str, fs: FlashinferSet, installer: str = "auto", dry_run: bool = False) -> list[str]:
-    """Bring python to the set (progress on stderr); the summary lines for stdout."""
+def record_way_back(workdir: Path, command: str) -> None:
+    """Remember in the workdir the command that puts back what --with-flashinfer replaced."""
+    from sglpatch.gitcmd import Git
+    from sglpatch.workdir import FLASHINFER_BACK_KEY
+
+    Git(Path(workdir)).config_set(FLASHINFER_BACK_KEY, command)
+
+
+def recorded_way_back(workdir: Path) -> str | None:
+    """The command record_way_back kept in workdir, or None (nothing replaced yet, not a workdir)."""
+    from sglpatch.gitcmd import Git
+    from sglpatch.workdir import FLASHINFER_BACK_KEY
+
+    workdir = Path(workdir).expanduser()
+    return Git(workdir).config_get(FLASHINFER_BACK_KEY) if (workdir / ".git").is_dir() else None
+
+
+def install_into(python: str, fs: FlashinferSet, installer: str = "auto", dry_run: bool = False, record=None) -> list[str]:
+    """Bring python to the set (progress on stderr); the summary lines for stdout. record(command):
+    called with the way back once the set has replaced something."""
     have = installed(python)
     t = todo(fs, have)
     now = ", ".join(f"{n} {have[n]}" for n in (PACKAGE, *fs.override, *fs.remove) if n in have) or "none of its packages"
@@ -249,6 +271,8 @@ def install_into(python: str, fs: FlashinferSet, installer: str = "auto", dry_ru
         if proc.returncode != 0:
             raise SglpatchError(f"flashinfer: installing {' '.join(t.install)} into {python} failed (exit {proc.returncode}, see above); "
                                 "nothing was removed")
+    if record and t.rollback:
+        record(f"{' '.join(inst)} {t.rollback}")
     for name in t.remove:
         say(f"flashinfer: removing {name} {have[name]} ({fs.remove[name]})")
         if subprocess.run([*uninst, name], cwd="/").returncode != 0:
