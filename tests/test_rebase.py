@@ -4,7 +4,7 @@ Two projects:
 * a synthetic one (built here on the real 0.5.9 tree): an exact patch, a patch on the
   custom-allreduce NVLink gate that 0.5.10.post1 moved (conflict), the real P3 (already
   upstream, with different text), and a patch whose Applied-Upstream hint is false;
-* the committed series (P1-P4) with the committed recorded resolutions (skips until the
+* the committed series (P1-P6) with the committed recorded resolutions (skips until the
   series lists them).
 Every test works on copies: the repository's own files and main's pin are never touched.
 """
