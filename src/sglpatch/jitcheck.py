@@ -8,8 +8,8 @@ first forward, long after the load. `sglpatch apply --with-flashinfer` runs this
 the set, `sglpatch doctor` as its `jit-kernels` check; `python -m sglpatch.jitcheck --python PY`
 runs it alone (exit 0 built, 1 a kernel does not build, 125 cannot check here).
 
-How: this file, run by PY (`PY -c CHILD`: runpy, its folder kept off sys.path; standard library only: PY may lack sglpatch),
-imports PY's sglang, finds the kernels (`discover`: csrc/include headers that include
+How: this file, run by PY (`PY -c CHILD`: runpy, its folder kept off sys.path; standard library
+only: PY may lack sglpatch), imports PY's sglang, finds the kernels (`discover`: csrc/include headers that include
 <flashinfer/...>, directly or through another header, and the jit_kernel functions whose load_jit
 call names one) and calls each one's own build function, with TVM_FFI_CUDA_ARCH_LIST set to the
 target's architecture and TVM_FFI_CACHE_DIR to a temporary folder (removed after). A kernel passes
@@ -39,7 +39,7 @@ TIMEOUT = 1200.0  # seconds for the whole child: one nvcc run per kernel, ~20 s 
 
 def discover(sglang_dir: Path) -> list[dict]:
     """The kernels of sglang_dir/jit_kernel that include flashinfer headers: one dict per build
-    function (module, function, file: the csrc file it compiles, args: its positional arguments)."""
+    function (module, function, file: the csrc file it compiles, args: the arguments it needs)."""
     jk = Path(sglang_dir) / "jit_kernel"
     if not (jk / "csrc").is_dir():
         return []
@@ -48,6 +48,7 @@ def discover(sglang_dir: Path) -> list[dict]:
         for p in sorted((jk / sub).rglob("*")):
             if p.suffix in SOURCES and p.is_file():
                 texts[p] = p.read_text(errors="replace")
+
     def rel(p: Path) -> str:
         return str(p.relative_to(jk / ("csrc" if p.is_relative_to(jk / "csrc") else "include")))
 
@@ -73,7 +74,7 @@ def discover(sglang_dir: Path) -> list[dict]:
                         for f in (e.value for e in kw.value.elts if isinstance(e, ast.Constant)):
                             if f in wanted:
                                 out.append({"module": f"sglang.jit_kernel.{py.stem}", "function": fn.name, "file": f,
-                                            "args": len(fn.args.args)})
+                                            "args": len(fn.args.args) - len(fn.args.defaults)})
     return out
 
 
@@ -125,16 +126,14 @@ def _child() -> int:
     for k in ([] if "error" in out else discover(Path(sglang.__file__).parent)):
         rec = dict(k, state="failed", error="", objects=[], built=[], linked=False, loaded=False, includes=[])
         before = set(cache.iterdir()) if cache.is_dir() else set()
-        try:
-            if k["args"]:
-                rec.update(state="unchecked", error=f"{k['function']} takes {k['args']} argument(s)")
-                raise LookupError
-            getattr(importlib.import_module(k["module"]), k["function"])()
-            rec["loaded"] = True
-        except LookupError:
-            pass
-        except BaseException as e:  # noqa: BLE001 — a failed build is a verdict, not a crash
-            rec["error"] = f"{type(e).__name__}: {e}"
+        if k["args"]:
+            rec.update(state="unchecked", error=f"{k['function']} takes {k['args']} argument(s)")
+        else:
+            try:
+                getattr(importlib.import_module(k["module"]), k["function"])()
+                rec["loaded"] = True
+            except BaseException as e:  # noqa: BLE001 — a failed build is a verdict, not a crash
+                rec["error"] = f"{type(e).__name__}: {e}"
         for d in sorted(set(cache.iterdir()) - before if cache.is_dir() else []):
             objs, built, linked = _objects(d)
             rec["objects"] += objs
@@ -145,7 +144,8 @@ def _child() -> int:
         if rec["state"] != "unchecked" and rec["objects"] and rec["built"] == rec["objects"] and rec["linked"]:
             rec["state"] = "built"
         fi = sys.modules.get("flashinfer")
-        out.setdefault("flashinfer", getattr(fi, "__version__", None) if fi else None)
+        if fi is not None:
+            out["flashinfer"] = getattr(fi, "__version__", None)
         out["kernels"].append(rec)
     print("JITCHECK" + json.dumps(out))
     return 0
