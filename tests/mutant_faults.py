@@ -59,6 +59,9 @@ ACCEPT_BY_REF = ("                cycle.accept = accept_lens.clone()\n", "      
 DROP_NEWEST = ("            self._release(self._pending.popleft())\n", "            self._release(self._pending.pop())\n")
 PROFILE_REPORT, DECISION = "tests/test_profile_report.py", "tests/test_decision.py"
 KERNEL = "tests/test_regress.py"  # the crossover, the cap and the judge, as units
+P6T, JIT = "tests/patches/test_p6_jit_cccl.py", "tests/test_jitcheck.py"
+ROPE = "../jit_kernel/rope.py"  # P6's file, beside srt/
+CCCL_PATHS = ("        extra_include_paths=[str(p) for p in cccl_paths if p.exists()]\n        + [str(flashinfer_include_path)],\n")
 
 MUTANTS: dict[str, list[Mutant]] = {
     "0.5.23": [
@@ -234,6 +237,13 @@ MUTANTS: dict[str, list[Mutant]] = {
         Mutant("p5gc-strided-served", "P5", "rule", "a non-contiguous reduction is handed to PCIe-IPC",
                F5, [("        if not inp.is_contiguous() or inp.shape[-1] != self.hidden:\n", "        if inp.shape[-1] != self.hidden:\n")], ["tests/patches/test_p5_group_coordinator.py"]),
         # ---- end of the GroupCoordinator("tp") mutants ----
+        # P6 (0006, issue 36): flashinfer's bundled CCCL for the rope JIT kernel
+        Mutant("p6-cccl-dropped", "P6", "rule", "flashinfer's bundled CCCL folders not passed (data/include only, as before P6)",
+               ROPE, [(CCCL_PATHS, "        extra_include_paths=[str(flashinfer_include_path)],\n")], [P6T]),
+        Mutant("p6-libcudacxx-root", "P6", "name", "libcudacxx's root passed, not its include/ (flashinfer's jit/env.py names libcudacxx/include)",
+               ROPE, [('cccl / "libcudacxx" / "include"', 'cccl / "libcudacxx"')], [P6T]),
+        Mutant("p6-cccl-unconditional", "P6", "default", "the CCCL folders passed whether or not they exist (only a flashinfer that has them tested)",
+               ROPE, [("[str(p) for p in cccl_paths if p.exists()]", "[str(p) for p in cccl_paths]")], [P6T]),
     ],
     "tool": [
         Mutant("profile-break-even-all-batches", "profile-report", "default", "break-even from the mean cycle of all batch sizes, not batch 1's",
@@ -259,5 +269,18 @@ MUTANTS: dict[str, list[Mutant]] = {
                                   "            if b in required and inst is installs[0]:\n")], [KERNEL]),
         Mutant("bisect-skip-exit-code", "bisect", "number", "a step that cannot run exits 2 to git bisect run (bad), not 125 (skip)",
                "bisect/model.py", [("exitcodes.ERROR, exitcodes.CANNOT_RUN, 255", "exitcodes.ERROR, exitcodes.USAGE, 255")], ["tests/test_bisect.py"]),
+        Mutant("jitcheck-nvcc-error-ignored", "jitcheck", "verdict", "a kernel whose build failed counts as built (nvcc's error ignored)",
+               "jitcheck.py", [('        if rec["state"] != "unchecked" and rec["objects"] and rec["built"] == rec["objects"] and rec["linked"]:\n',
+                                '        if rec["state"] != "unchecked":\n')], [JIT]),
+        Mutant("jitcheck-last-error", "jitcheck", "verdict", "the cause named is nvcc's last error line, not its first",
+               "jitcheck.py", [("        hit = next((ln for ln in lines if re.search(pat, ln)), None)\n",
+                                "        hit = next((ln for ln in reversed(lines) if re.search(pat, ln)), None)\n")], [JIT]),
+        Mutant("jitcheck-arch-unset", "jitcheck", "default", "TVM_FFI_CUDA_ARCH_LIST not set: SGLang asks the GPU (works only where one is)",
+               "jitcheck.py", [("        env.update(TVM_FFI_CUDA_ARCH_LIST=arch, TVM_FFI_CACHE_DIR=tmp, ", "        env.update(TVM_FFI_CACHE_DIR=tmp, ")], [JIT]),
+        Mutant("doctor-jit-arch-default", "doctor", "default", "the doctor builds for 12.0 whatever the profile's [target] cuda_arch",
+               "gpu/doctor/run.py", [('    arch = str((prof.get("target") or {}).get("cuda_arch") or jitcheck.ARCH)\n',
+                                      "    arch = jitcheck.ARCH\n")], [JIT]),
+        Mutant("fiset-way-back-unrecorded", "flashinfer set", "verdict", "the way back is not recorded in the workdir: the JIT failure cannot name it",
+               "fiset.py", [("    if record and t.rollback:\n", "    if False:\n")], [JIT]),
     ],
 }
