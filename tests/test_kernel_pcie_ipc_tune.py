@@ -1,10 +1,9 @@
-"""PCIe-IPC in the kernel tier as P5 serves it (issue 36): buckets = the served rows, seed launch
-configurations by default, and with `pcie_ipc_tune = true` a tuned leg against seed per served
-shape with a verdict.  The table and verdict from figures (pure), the profile keys and the launch
-plan, the clocks around the tuned leg (a fake nvidia-smi), and the real tier on CPU: the worker
-under torchrun (gloo, 2 ranks) with a recording stand-in for flashinfer's workspace (what needs
-CUDA), P5's own module taken from patches/0005 where the patched tree is meant, and tunes that
-hang, raise or abort."""
+"""PCIe-IPC in the kernel tier as P5 serves it (issue 36): buckets = the served rows, seed by
+default, with `pcie_ipc_tune = true` a tuned leg against seed per served shape and a verdict.  The
+table and verdict from figures, the profile keys, the launch plan, the clocks (a fake nvidia-smi),
+and the real tier on CPU: the worker under torchrun (gloo, 2 ranks) with a recording stand-in for
+flashinfer's workspace (what needs CUDA), P5's own module from patches/0005, and tunes that hang,
+raise or abort."""
 
 from __future__ import annotations
 
@@ -12,6 +11,7 @@ import ast
 import json
 import os
 import shutil
+import subprocess
 import sys
 import textwrap
 import typing
@@ -23,6 +23,9 @@ from sglpatch.errors import SglpatchError
 from sglpatch.gpu import regress
 from sglpatch.gpu.kernel import launch as kernel_launch
 from sglpatch.gpu.kernel import pcie_tune
+from sglpatch.gpu.kernel.bench import ALL_BACKENDS, build_arg_parser
+from sglpatch.gpu.kernel.kbench.pcie_ipc import pcie_ipc_width
+from sglpatch.gpu.kernel.tier import stress_launch
 from sglpatch.gpu.shared import profile as profiles
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -30,6 +33,7 @@ SHIM_B = ROOT / "tests" / "shims" / "kb_install_b"
 TOPO = ROOT / "tests" / "fixtures" / "topo"
 P5 = next((ROOT / "patches").glob("0005-*.patch"))
 SERVED = [3, 6, 12, 24]  # a power-of-two ladder up to 24 would be 1, 2, 4, 8, 16, 24
+SEED = {3: 10.0, 6: 12.0, 12: 16.0, 24: 20.0}
 STEP = "python -m sglang.srt.distributed.device_communicators.pcie_ipc_tune --tp 8 --hidden 7168 --rows 3,6,12,24"
 
 
@@ -53,18 +57,15 @@ def one(rows: list[dict], k: dict) -> dict:
     return pcie_tune.compare(rows, [inst], k, 8)["installs"][0]
 
 
-SEED = {3: 10.0, 6: 12.0, 12: 16.0, 24: 20.0}
-
-
 def test_table_and_verdict_keep_when_tuned_beats_seed_beyond_the_tolerance():
     x = one(rows_of(SEED, {3: 8.4, 6: 11.9, 12: 16.2, 24: 19.0}), kernel())
     assert x["table"] == [{"rows": 3, "seed_us": 10.0, "tuned_us": 8.4, "tuned_over_seed": 0.84},
                           {"rows": 6, "seed_us": 12.0, "tuned_us": 11.9, "tuned_over_seed": 0.992},
                           {"rows": 12, "seed_us": 16.0, "tuned_us": 16.2, "tuned_over_seed": 1.012},
                           {"rows": 24, "seed_us": 20.0, "tuned_us": 19.0, "tuned_over_seed": 0.95}]
-    assert x["verdict"] == (f"keep: tuned is faster than seed by more than 15% at 3 rows (0.840): run the tuning step "
-                            f"(`{STEP} --pin-clocks MHZ`) and serve with SGLANG_PCIE_IPC_TUNE=cache")
-    assert x["no_verdict"] is None
+    assert x["no_verdict"] is None and x["verdict"] == (
+        f"keep: tuned is faster than seed by more than 15% at 3 rows (0.840): run the tuning step (`{STEP} --pin-clocks MHZ`) "
+        "and serve with SGLANG_PCIE_IPC_TUNE=cache")
     md = "\n".join(pcie_tune.markdown(pcie_tune.compare(rows_of(SEED, {3: 8.4}), [{"key": "A", "label": "A: x"}],
                                                          kernel(pin_clocks_mhz=2100), 8)))
     assert "| 3 | 10.0 | 8.4 | 0.840 |" in md and "| 6 | 12.0 | — | — |" in md
@@ -76,8 +77,7 @@ def test_table_and_verdict_keep_when_tuned_beats_seed_beyond_the_tolerance():
 def test_seed_within_the_tolerance_at_every_served_shape_needs_no_tuning():
     x = one(rows_of(SEED, {3: 8.6, 6: 10.3, 12: 16.0, 24: 25.0}), kernel())
     assert [r["tuned_over_seed"] for r in x["table"]] == [0.86, 0.858, 1.0, 1.25]
-    assert x["verdict"] == ("seed is within tolerance (15%) at every served shape: no tuning needed "
-                            "(SGLANG_PCIE_IPC_TUNE=seed, the default)")
+    assert x["verdict"] == "seed is within tolerance (15%) at every served shape: no tuning needed (SGLANG_PCIE_IPC_TUNE=seed, the default)"
     # the tolerance is the profile's: 0.10 turns the same figures into keep at 3 and 6 rows
     assert one(rows_of(SEED, {3: 8.6, 6: 10.3, 12: 16.0, 24: 25.0}), kernel(tolerance=0.10))["verdict"].startswith(
         "keep: tuned is faster than seed by more than 10% at 3 rows (0.860), 6 rows (0.858): ")
@@ -135,15 +135,11 @@ def test_launch_plan(tmp_path):
         tuned = ls[-1]
         assert (tuned["name"], tuned["backends"], tuned["soft"], tuned["pin"]) == \
             (name, ["pcie_ipc", "pcie_ipc_tuned"], "pcie_ipc_tuned", True)
-    from sglpatch.gpu.kernel.tier import stress_launch
-
     stress = stress_launch(prof, 8, tmp_path, "py", 10)["cmd"]
     assert stress[stress.index("--pcie-ipc-rows") + 1] == "3,6,12,24"  # the stress run builds the served workspace too
     prof["kernel"]["pcie_ipc_rows"] = None
     cmd = kernel_launch.kernel_launches(prof, 8, tmp_path, a, True)[0]["cmd"]
     assert cmd[cmd.index("--pcie-ipc-max-rows") + 1] == "24" and "--pcie-ipc-rows" not in cmd
-    from sglpatch.gpu.kernel.bench import ALL_BACKENDS, build_arg_parser
-
     assert "pcie_ipc" in ALL_BACKENDS and "pcie_ipc_tuned" not in ALL_BACKENDS  # by hand, the worker tunes nothing
     with pytest.raises(SystemExit):
         build_arg_parser().parse_args(["--out", "x", "--pcie-ipc-tune"])
@@ -158,15 +154,14 @@ def p5_source(name: str = "pcie_ipc_allreduce.py") -> str:
 
 
 def test_the_inline_width_rule_is_p5s():
-    from sglpatch.gpu.kernel.kbench.pcie_ipc import pcie_ipc_width
-
     tree = ast.parse(p5_source())
-    ns: dict = {"Optional": typing.Optional, "Sequence": typing.Sequence, "Tuple": typing.Tuple}
+    ns: dict = {"Optional": typing.Optional, "Sequence": typing.Sequence, "Tuple": typing.Tuple}  # P5's names
     exec(compile(ast.Module([n for n in tree.body if isinstance(n, (ast.Assign, ast.FunctionDef)) and (
         getattr(n, "name", "") in ("pcie_ipc_max_numel", "pcie_ipc_width")
         or any(getattr(t, "id", "") == "PCIE_IPC_PACK_ELEMS" for t in getattr(n, "targets", [])))], []), str(P5), "exec"), ns)
     for args in ((SERVED, 7168, None), ([24, 3, 12, 6, 6], 7168, None), ([1, 2, 4, 8], 64, None), ([3], 7, None),
-                 (SERVED, 7168, 57344), (SERVED, 7168, 100001), (SERVED, 7168, 3 * 7168), ([8], 7168, 7168)):
+                 (SERVED, 7168, 57344), (SERVED, 7168, 100001), (SERVED, 7168, 3 * 7168), ([8], 7168, 7168),
+                 ([3, 6], 7168, 24 * 7168)):  # an override wider than the rows: its own rows are a bucket too
         assert pcie_ipc_width(*args) == ns["pcie_ipc_width"](*args), args
     assert pcie_ipc_width(SERVED, 7168, None) == (24 * 7168, (3, 6, 12, 24), "widest captured reduction 24 rows")
     for args in (([], 7168, None), ([0, -3], 7168, None), (SERVED, 7168, 100)):
@@ -175,6 +170,22 @@ def test_the_inline_width_rule_is_p5s():
         with pytest.raises(ValueError) as theirs:
             ns["pcie_ipc_width"](*args)
         assert str(mine.value) == str(theirs.value)
+
+
+def test_a_seed_leg_after_a_tune_in_one_process_is_refused(tmp_path):
+    """The autotuner keeps a tune's winners in memory: by hand, in that order, the worker says so."""
+    out = tmp_path / "kb.json"
+    cmd = [interpreter(tmp_path, with_p5=False), "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+           "-m", "sglpatch.gpu.kernel.bench", "--device", "cpu", "--hidden", "64", "--sizes", "3", "--samples", "2",
+           "--inner", "2", "--pcie-ipc-rows", "3", "--backends", "pcie_ipc_tuned,pcie_ipc", "--out", str(out),
+           "--scratch-dir", str(tmp_path)]
+    env = kernel_launch.worker_env(dict(os.environ, OMP_NUM_THREADS="1", SGLPATCH_RECORD_WS=str(tmp_path / "ws.jsonl")))
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    doc = json.loads(out.read_text())
+    assert doc["absent"] == {"pcie_ipc": "a tuned leg ran earlier in this process and flashinfer's autotuner keeps its "
+                                         "winners in memory: this would not be the seed leg (run pcie_ipc first)"}
+    assert {x["backend"] for x in doc["results"]} == {"pcie_ipc_tuned"}
 
 
 def fake_smi(tmp_path: Path, lgc_rc: int = 0) -> tuple[str, Path]:
@@ -221,41 +232,35 @@ def test_clocks_pinned_only_when_asked_and_always_reset(tmp_path):
 RECORDER = '''
 import itertools as _it, json as _json, os as _os, time as _time
 _Base, _ids = PcieIpcAllReduceWorkspace, _it.count()
-
-
 def _record(event, **kw):
     with open(_os.environ["SGLPATCH_RECORD_WS"], "a") as f:
         f.write(_json.dumps({"event": event, "rank": dist.get_rank(), "t": _time.time(), **kw}) + "\\n")
-
-
 class PcieIpcAllReduceWorkspace(_Base):
     """Records what it is handed; SGLPATCH_STANDIN_TUNE=hang|raise|abort misbehaves in tune();
     SGLPATCH_STANDIN_SEED_SLEEP_S slows every reduction of a workspace that was not tuned."""
-
     def __init__(self, group, max_numel, dtype=torch.bfloat16, max_blocks=36, profile=None, tune_batches=None,
                  tune_cache=None):
         self._id, self._tuned_here = next(_ids), False
         _record("init", ws=self._id, max_numel=max_numel, tune_batches=list(tune_batches), tune_cache=tune_cache,
                 group_size=dist.get_world_size(group), autotune_dir=_os.environ.get("FLASHINFER_AUTOTUNE_DIR"))
         super().__init__(group, max_numel, dtype, max_blocks, profile, tune_batches, tune_cache)
-
     def tune(self, hiddens, *, dtype=torch.bfloat16, cache=None, tune_group=None, **kw):
         _record("tune", ws=self._id, hiddens=list(hiddens), cache=cache, tune_group_size=dist.get_world_size(tune_group))
-        how = _os.environ.get("SGLPATCH_STANDIN_TUNE")
+        how = _os.environ.get("SGLPATCH_STANDIN_TUNE", "")
         while how == "hang":
             _time.sleep(1)
-        if how == "raise":
+        if how == "raise_abort_at_exit":  # a CUDA error: the interpreter's teardown aborts too
+            __import__("atexit").register(_os.abort)
+        if how.startswith("raise"):
             raise RuntimeError("CUDA error: an illegal memory access was encountered (stand-in)")
         if how == "abort":
             _os.abort()
         out = super().tune(hiddens, dtype=dtype, cache=cache, tune_group=tune_group, **kw)
         self._tuned_here = True
         return out
-
     def prepare(self, shapes, *, dtype=torch.bfloat16):
         _record("prepare", ws=self._id, shapes=[list(s) for s in shapes])
         return super().prepare(shapes, dtype=dtype)
-
     def all_reduce(self, inp, **kw):
         if _os.environ.get("SGLPATCH_STANDIN_SEED_SLEEP_S") and not self._tuned_here:
             _time.sleep(float(_os.environ["SGLPATCH_STANDIN_SEED_SLEEP_S"]))
@@ -264,8 +269,6 @@ class PcieIpcAllReduceWorkspace(_Base):
 
 P5_RECORDER = '''
 _p5_width = pcie_ipc_width
-
-
 def pcie_ipc_width(rows, hidden, override):
     out = _p5_width(rows, hidden, override)
     with open(os.environ["SGLPATCH_RECORD_WS"], "a") as f:
@@ -408,7 +411,7 @@ def test_tuned_leg_on_the_same_buckets_seed_first_clocks_pinned_around_it(tmp_pa
     assert {c["backend"] for c in k.get("decision", {}).get("candidates", [])} <= {"nccl", "pcie_ipc", "pcie_ipc_tuned"}
 
 
-@pytest.mark.parametrize("how", ["hang", "raise", "abort"])
+@pytest.mark.parametrize("how", ["hang", "raise", "raise_abort_at_exit", "abort"])
 def test_a_tune_that_fails_or_hangs_is_one_line_and_never_the_tier(tmp_path, monkeypatch, how):
     monkeypatch.setenv("SGLPATCH_STANDIN_TUNE", how)
     res, k, rec, smi, md = run_tier(tmp_path, monkeypatch, "pcie_ipc_rows = [3, 6, 12, 24]\npcie_ipc_tune = true\n"
@@ -418,8 +421,9 @@ def test_a_tune_that_fails_or_hangs_is_one_line_and_never_the_tier(tmp_path, mon
     if how == "hang":
         assert line.startswith("launch exited 1 in this backend (log kernel-pcie_ipc.log): [kernel_bench] HANG rank ")
         assert line.endswith("(step timeout 4 s) in pcie_ipc_tuned: set-up") and k["installs"][0]["hung"] == ["pcie_ipc_tuned"]
-    elif how == "raise":
+    elif how.startswith("raise"):  # the first line stays the one: the launch's own exit 1 after its result is not
         assert line == "RuntimeError: CUDA error: an illegal memory access was encountered (stand-in)"
+        assert k["launches"][1]["rc"] == (1 if how == "raise_abort_at_exit" else 0)
     else:  # torchrun's last word, not its closing rule
         assert line.startswith("launch exited 1 in this backend (log kernel-pcie_ipc.log): traceback : Signal 6 (SIGABRT)")
     assert "\n" not in line and [L["backends"] for L in k["launches"]] == [["nccl"], ["pcie_ipc", "pcie_ipc_tuned"]]

@@ -109,7 +109,7 @@ def verdict(tab: list[dict], tolerance: float, step: str) -> tuple[str | None, s
     if not any(x["seed_us"] for x in tab) or not any(x["tuned_us"] for x in tab):
         side = "seed" if not any(x["seed_us"] for x in tab) else "tuned"
         return None, f"no verdict: the {side} leg has no data at the served rows"
-    faster = [x for x in tab if x["seed_us"] and x["tuned_us"] and x["tuned_us"] < x["seed_us"] * (1 - tolerance)]
+    faster = [x for x in tab if x["seed_us"] and x["tuned_us"] and x["seed_us"] - x["tuned_us"] > tolerance * x["seed_us"]]
     if faster:
         at = ", ".join(f"{x['rows']} rows ({x['tuned_over_seed']:.3f})" for x in faster)
         return (f"keep: tuned is faster than seed by more than {tolerance:.0%} at {at}: run the tuning step "
