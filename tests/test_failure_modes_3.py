@@ -103,7 +103,7 @@ def test_no_gpu_is_125_even_when_the_python_lacks_sglang(tmp_path):
     assert "fail sglang: " in r.stdout
     assert r.returncode == exitcodes.CANNOT_RUN, r.stdout + r.stderr  # was 1
     assert r.stdout.splitlines()[-1].startswith("doctor: cannot_run (exit 125): ")
-    assert r.stdout.splitlines()[-1].endswith("1 fail, 6 skip; no GPU visible here, the GPU checks did not run")
+    assert r.stdout.splitlines()[-1].endswith("1 fail, 7 skip; no GPU visible here, the GPU checks did not run")
 
 
 # ----------------------------------------------------------------------------------------------

@@ -1,25 +1,25 @@
 """P5 (0005) through SGLang 0.5.9's real patched ``GroupCoordinator("tp")``: real forked ranks on a real gloo group.
 
-One subprocess imports the patched tree and runs every case; each case forks its ranks (2 or 4). Rank r's GroupCoordinator
-gets local_rank 3, 5, 6, 7, so its device is cuda:3, cuda:5, ...: a rule using the rank for the GPU id answers otherwise.
-Real: GroupCoordinator (construction guard, P2 switched off, dispatch, the ``outplace_all_reduce``/``inplace_all_reduce``
-custom ops down to ``_all_reduce_out_place``/``_in_place``, whose reduction runs on the gloo device group, graph_capture,
-destroy), PcieIpcAllReduce (agreement over the CPU group, P2P row, width, tune policy, prepare, serving, destroy, the
-decode/verify line), P2's CustomAllreduce constructor, and CudaGraphRunner's ``get_batch_sizes_to_capture`` and __init__
-from ``self.capture_bs = ...`` to ``serve_captured_graphs(self)``, compiled from the patched cuda_graph_runner.py.
+One subprocess imports the patched tree and runs every case; each case forks its ranks (2 or 4). Rank r's GroupCoordinator gets
+local_rank 3, 5, 6, 7, so its device is cuda:3, cuda:5, ...: a rule using the rank for the GPU id answers otherwise. Real:
+GroupCoordinator (construction guard, P2 switched off, dispatch, the ``outplace_all_reduce``/``inplace_all_reduce`` custom ops down to
+``_all_reduce_out_place``/``_in_place``, whose reduction runs on the gloo device group, graph_capture, destroy), PcieIpcAllReduce
+(agreement over the CPU group, P2P row, width, tune policy, prepare, serving, destroy, the decode/verify line), P2's CustomAllreduce
+constructor, and CudaGraphRunner's ``get_batch_sizes_to_capture`` and __init__ from ``self.capture_bs = ...`` to
+``serve_captured_graphs(self)``, compiled from the patched cuda_graph_runner.py.
 
 Stand-ins, only for what needs CUDA or a GPU (a case's ``fail`` makes the marked ones raise):
-* flashinfer's ``PcieIpcAllReduceWorkspace`` (CUDA IPC memory, kernels): records every call (marked: its constructor
-  raises on the case's ranks); all_reduce returns a new tensor of 100 + rank; destroy is a barrier on its group (as
-  flashinfer's, collective); prepare resolves every bucket but 12 rows; ``workspace_size`` a formula; a tmp cache folder.
-* the GPU P2P probe (``gpu_p2p_access_check``, the driver's ``can_device_access_peer``): a matrix by GPU id; the platform
-  probes (``is_cuda_alike``, custom_all_reduce's ``_is_cuda``, ``device_count``): CUDA, 8 GPUs.
-* CUDA tensors: ``CudaLike``, a tensor on cuda:N whose data and aten ops are on the CPU; SGLang's custom ops (CUDA only)
-  run their CUDA kernel, the real Python function; ``torch.ones``/``torch.empty`` on a CUDA device return one.
-* torch.cuda's streams and capture state; P2's kernels and IPC buffers (sgl_kernel ops, the CUDA runtime: marked, its
-  cudaMalloc raises on every rank), NVML's NVLink answer (False: PCIe only).
-* in the dispatch cases, a custom allreduce taking 3-row reductions (the real class: test_p2_pcie_custom_ar.py).
-``destroy_process_group`` is observed (recorded, then called).
+* flashinfer's ``PcieIpcAllReduceWorkspace`` (CUDA IPC memory, kernels): records every call (marked: its constructor raises on the
+  case's ranks); all_reduce returns a new tensor of 100 + rank; destroy is a barrier on its group (as flashinfer's, collective); prepare
+  resolves every bucket but 12 rows; ``workspace_size`` a formula; a tmp cache folder.
+* the GPU P2P probe (``gpu_p2p_access_check``, the driver's ``can_device_access_peer``): a matrix by GPU id; the platform probes
+  (``is_cuda_alike``, custom_all_reduce's ``_is_cuda``, ``device_count``): CUDA, 8 GPUs.
+* CUDA tensors: ``CudaLike``, a tensor on cuda:N whose data and aten ops are on the CPU; SGLang's custom ops (CUDA only) run their CUDA
+  kernel, the real Python function; ``torch.ones``/``torch.empty`` on a CUDA device return one.
+* torch.cuda's streams and capture state; P2's kernels and IPC buffers (sgl_kernel ops, the CUDA runtime: marked, its cudaMalloc raises
+  on every rank), NVML's NVLink answer (False: PCIe only).
+* in the dispatch cases, a custom allreduce taking 3-row reductions (the real class: test_p2_pcie_custom_ar.py);
+  ``destroy_process_group`` is observed (recorded, then called). On a rebased line's tree (not 0.5.9) it skips.
 """
 
 from __future__ import annotations
@@ -259,15 +259,15 @@ H, ROWS, NUMEL, DEVICES, DEVNULL = 7168, [3, 6, 12, 18], 18 * 7168, [3, 5, 6, 7]
 
 
 @pytest.fixture(scope="module")
-def result(run_patched):
-    proc = run_patched(RANK_RUNNER + CODE, timeout=400)
-    assert proc.returncode == 0, proc.stderr[-4000:]
+def result(run_patched, patched_tree):
+    if "version = '0.5.9'" not in (patched_tree / "python" / "sglang" / "_version.py").read_text():
+        pytest.skip("GroupCoordinator's, the runner's and P2's internals are 0.5.9's (the line the user runs)")
+    assert (proc := run_patched(RANK_RUNNER + CODE, timeout=400)).returncode == 0, proc.stderr[-4000:]
     return json.loads(next(l for l in proc.stdout.splitlines() if l.startswith("RESULT"))[len("RESULT") :])
 
 
 def ranks(result, case):  # every rank of case finished and passed the barrier after it: no error, no hang
-    c = result[case]
-    assert c["blocked"] == 0, c
+    assert (c := result[case])["blocked"] == 0, c
     for rank, r in c["ranks"].items():
         assert "error" not in r and r["in_step"], (case, rank, r)
     return [c["ranks"][str(k)] for k in range(len(c["ranks"]))]
