@@ -7,9 +7,11 @@
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd); HERE=$ROOT/results/p5-mps-h200; B=$ROOT/build/p5mps
 PY=${PYTHON:-python3}
-rm -rf "$B" "$ROOT/build/p5fork" "$ROOT/build/p5kit"; mkdir -p "$B/whl"
-PYTHONPATH=$ROOT/src "$PY" -m sglpatch apply --project "$ROOT" --workdir "$ROOT/build/p5fork" --source sdist --no-install
-(cd "$ROOT/build/p5fork" && tar cf - python) | xz -6 > "$B/sglang-059-patched.tar.xz"
+WD=$(mktemp -d)/p5fork  # outside the checkout: apply refuses a workdir inside it
+trap 'rm -rf "$(dirname "$WD")"' EXIT
+rm -rf "$B" "$ROOT/build/p5kit"; mkdir -p "$B/whl"
+PYTHONPATH=$ROOT/src "$PY" -m sglpatch apply --project "$ROOT" --workdir "$WD" --source sdist --no-install
+(cd "$WD" && tar cf - python) | xz -6 > "$B/sglang-059-patched.tar.xz"
 bash "$HERE/mk-flashinfer-pcie-kit.sh" "$ROOT/build/p5kit" 0.7.2
 (cd "$ROOT/build" && tar cf - p5kit) | xz -6 > "$B/flashinfer-0.7.2-kit.tar.xz"
 # what tests/gpu's harness imports beyond the GPU image (read from an import trace of the harness's
