@@ -86,11 +86,13 @@ def _workdir(args):
     tree, which a serving venv may import."""
     from sglpatch.rebase.target import VERSION_RE
 
+    from sglpatch import linepath
+
     base = cliargs.workdir(args)
     m = VERSION_RE.match(args.onto)
     if args.workdir or not m:
         return base
-    return base.with_name(f"{base.name}-{m.group(1)}")
+    return linepath.workdir_of(base, m.group(1))
 
 
 def _resuming(args):
@@ -101,7 +103,10 @@ def _resuming(args):
     base = cliargs.workdir(args)
     if args.workdir or (base / ".git" / REBASE_STATE_DIR).is_dir() or not base.parent.is_dir():
         return base
-    busy = sorted(d for d in base.parent.glob(f"{base.name}-*") if (d / ".git" / REBASE_STATE_DIR).is_dir() and not d.is_symlink())
+    from sglpatch import linepath
+
+    busy = sorted(d for d in base.parent.glob(f"{base.name}-*") if linepath.release_of(base, d)
+                  and (d / ".git" / REBASE_STATE_DIR).is_dir() and not d.is_symlink())
     return busy[0] if len(busy) == 1 else base
 
 

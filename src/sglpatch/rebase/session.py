@@ -10,7 +10,7 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from sglpatch import install, stack
+from sglpatch import install, linepath, stack
 from sglpatch.errors import say
 from sglpatch.fsutil import crashpoint, exclusive, journal, tmp_prefix, write_if_changed
 from sglpatch.gitcmd import Git
@@ -82,7 +82,7 @@ def start(
         dirty = edits(git, put_back=True)[0]
         if dirty:
             raise RebaseError(f"{git.workdir} has uncommitted changes ({', '.join(dirty[:3])}); commit and `sglpatch export`, or stash them")
-        own = f"{git.workdir}-{onto.lstrip('v')}"
+        own = linepath.workdir_of(git.workdir, onto.lstrip('v'))
         install.guard_serving(git.workdir, f"onto {onto}", f"`sglpatch apply --workdir {own} --no-install && "
                               f"sglpatch rebase --onto {onto} --workdir {own}`")
         in_sync = in_sync_stack(git, project)

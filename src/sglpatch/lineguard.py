@@ -1,0 +1,76 @@
+"""What apply checks, before any work, about the Python it installs a line into: that Python keeps
+the release it serves (a line's tree over another release's dependencies needs --venv NEWDIR or
+--other-release), and it can load the tree (a tree from a wheel carries compiled extensions for
+that wheel's CPython only). Each refusal is one line naming the way out, with the line's --line."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+from sglpatch import exitcodes
+from sglpatch.errors import SglpatchError
+
+_PROBE = ("import importlib.metadata as m, importlib.util as u, sys\n"
+          "try:\n    v = m.version('sglang')\nexcept Exception:\n    v = ''\n"
+          "s = u.find_spec('sglang')\n"
+          "print(v); print(s.origin if s and s.origin else ''); print(f'cp{sys.version_info[0]}{sys.version_info[1]}')\n")
+_WHEEL_PY = re.compile(r"-(cp\d+)-(cp\d+|abi3|none)-[^-]+\.whl$")
+
+
+def probe(python: str) -> tuple[str, str, str] | None:
+    """(sglang version installed, where it imports from, cpXY) of python, read without importing
+    sglang; None when it does not run."""
+    try:
+        out = subprocess.run([python, "-c", _PROBE], capture_output=True, text=True, timeout=60, cwd="/").stdout.splitlines()
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return (out[0], out[1], out[2]) if len(out) == 3 else None
+
+
+def _norm(v: str) -> str:
+    try:
+        from packaging.version import Version
+
+        return str(Version(v))
+    except Exception:
+        return v
+
+
+def guard_release(python: str, line, opt: str, allowed: bool, workdir: Path) -> None:
+    """Refuse to install line's tree into python while python serves another SGLang release (from
+    elsewhere than workdir's tree), unless allowed (--other-release)."""
+    facts = probe(python)
+    if facts is None or not facts[0] or allowed:
+        return
+    have, origin, _ = facts
+    if _norm(have) == _norm(line.release):
+        return
+    if origin and Path(origin).resolve().is_relative_to((Path(workdir) / "python").resolve()):
+        return  # its own tree: apply's move guard decides (sglpatch.lines.guard_move)
+    raise SglpatchError(
+        f"{python} serves sglang {have}, not {line.release}: installing the line {line.release} there (--no-deps) would run it "
+        f"on {have}'s dependencies; nothing was changed: `sglpatch apply{opt} --venv NEWDIR` builds a complete venv "
+        "(or pass --other-release to install it there anyway)", exitcodes.USAGE)
+
+
+def wheel_python(line) -> str | None:
+    """cpXY of the wheel line's lock pins (None: an sdist, or a pure-Python wheel)."""
+    m = _WHEEL_PY.search(line.lock.sdist_filename or "")
+    return m.group(1) if m and line.lock.artifact_kind == "wheel" and m.group(2) != "abi3" else None
+
+
+def guard_wheel_python(python: str, line, opt: str) -> None:
+    """Refuse to install a tree taken from a cpXY wheel into a Python of another version: its
+    compiled extensions (*.cpython-XY-*.so) would not load there."""
+    want = wheel_python(line)
+    facts = probe(python) if want else None
+    if not want or facts is None or facts[2] == want:
+        return
+    ver = lambda tag: f"{tag[2]}.{tag[3:]}"  # noqa: E731
+    raise SglpatchError(
+        f"the line {line.release} pins {line.lock.sdist_filename} (CPython {ver(want)} only): its tree's compiled extensions "
+        f"(*.cpython-{want[2:]}-*.so) do not load in {python} (Python {ver(facts[2])}), and {line.where}upstream.lock carries no "
+        f"wheel for Python {ver(facts[2])}; nothing was changed: install into a Python {ver(want)} "
+        f"(`sglpatch apply{opt} --python PY{ver(want)}` or `--venv NEWDIR --python PY{ver(want)}`)", exitcodes.USAGE)

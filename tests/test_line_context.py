@@ -1,0 +1,212 @@
+"""Lines as one concept (issue 37): the line, its workdir and the serving Python are resolved once
+(sglpatch.context, the naming rule in sglpatch.linepath) and every command and script acts on the
+line it names and nothing else. Real processes on a project copy, the real 0.5.9 sdist and 0.5.23
+wheel (the test cache), real pip into scratch venvs that see the test interpreter's packages."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT, copy_project, git, make_venv, sglpatch
+from sglpatch.lock import read_lock
+
+pytestmark = pytest.mark.slow
+LINE = "0.5.23"
+
+
+def _env(tmp: Path, **extra) -> dict:
+    env = {k: v for k, v in os.environ.items() if k != "SGLANG_FORK_DIR"}
+    env.update(HOME=str(tmp / "home"), SGLANG_FORK_DIR=str(tmp / "fork"))
+    env.update(extra)
+    (tmp / "home").mkdir(exist_ok=True)
+    return env
+
+
+def _run(tmp, co, *args, **extra):
+    return sglpatch(*args, "--project", str(co), cwd=co, env=_env(tmp, **extra), timeout=900)
+
+
+def _tree(co: Path) -> dict:
+    return {p.relative_to(co).as_posix(): p.read_bytes() for p in sorted(co.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture
+def co(tmp_path):
+    return copy_project(tmp_path / "co")
+
+
+def test_export_refuses_a_tree_on_another_lines_pin_whatever_lines_holds(tmp_path, co):
+    """Fault 1: a damaged lines/R/ made export without --line write the 0.5.23 line's commits into
+    the primary series (exit 0); the pin is now checked against the line's lock."""
+    res = _run(tmp_path, co, "apply", "--line", LINE, "--source", "sdist", "--no-install")
+    assert res.returncode == 0, res.stderr[-2000:]
+    wd = tmp_path / f"fork-{LINE}"
+    assert (wd / "python" / "sglang").is_dir() and f"sglpatch: line {LINE}, workdir {wd}" in res.stderr
+    bad = co / "lines" / "0.5.77"  # what a rebase killed at its finishing step leaves: a lock not yet the line's
+    bad.mkdir()
+    (bad / "series").write_text("")
+    (bad / "upstream.lock").write_bytes((co / "upstream.lock").read_bytes())
+    before = _tree(co)
+    res = _run(tmp_path, co, "export", "--workdir", str(wd))  # the line the tree holds, found past the damaged folder
+    assert res.returncode == 0 and f"export: line {LINE}, workdir {wd}" in res.stderr and "0 written" in res.stdout, res.stderr
+    assert _tree(co) == before  # the primary kept P2, P3 and P5
+    v = read_lock(co).version
+    res = _run(tmp_path, co, "export", "--line", v, "--workdir", str(wd))
+    assert res.returncode == 2 and f"{wd} holds the line {LINE}, not the line {v}" in res.stderr, res.stderr
+    assert f"`sglpatch export --line {LINE} --workdir {wd}`" in res.stderr and _tree(co) == before
+    lock = co / "lines" / LINE / "upstream.lock"  # the line's own folder unreadable too: no line holds the tree
+    lock.write_text(lock.read_text().replace(f'version = "{LINE}"', 'version = "0.5.22"'))
+    before = _tree(co)
+    res = _run(tmp_path, co, "export", "--workdir", str(wd))
+    assert res.returncode == 2 and f"{wd} holds another release than any line's lock, not the line {v}" in res.stderr, res.stderr
+    assert _tree(co) == before
+
+
+def test_scripts_pass_the_line_through_and_a_trailing_slash_keeps_the_line_beside(tmp_path, co):
+    """Faults 2 and 3: scripts/export.sh and bisect.sh --line act on the line's tree (they passed
+    --workdir $SGLANG_FORK_DIR, the primary's); SGLANG_FORK_DIR=/x/fork/ puts the line's tree in
+    /x/fork-R, not /x/fork/-R; `apply.sh --line=` is refused."""
+    import shutil
+
+    from test_lines import tool_venv
+
+    shutil.copytree(ROOT / "scripts", co / "scripts")
+    shutil.copy2(ROOT / "pyproject.toml", co / "pyproject.toml")
+    env = _env(tmp_path, SGLANG_FORK_DIR=f"{tmp_path / 'fork'}/", SGLPATCH_TOOL_VENV=str(tool_venv(tmp_path, co)))
+
+    def sh(name, *args):
+        return subprocess.run(["bash", str(co / "scripts" / name), *args], cwd=tmp_path, capture_output=True, text=True, env=env,
+                              timeout=900)
+
+    res = sh("apply.sh", "--line", LINE, "--source", "sdist", "--no-install")
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
+    wd = tmp_path / f"fork-{LINE}"
+    assert (wd / "python").is_dir() and not (tmp_path / "fork").exists(), sorted(os.listdir(tmp_path))
+    res = sh("export.sh", "--line", LINE)
+    assert res.returncode == 0 and f"export: line {LINE}, workdir {wd}" in res.stderr, res.stderr[-2000:]
+    res = sh("bisect.sh", "--line", LINE, "--", sys.executable, "-c", "import sys; sys.exit(0)")
+    assert f"bisect: line {LINE}, workdir {wd}" in res.stderr, res.stdout + res.stderr[-2000:]
+    assert git(wd, "status", "--porcelain") == "" and not (tmp_path / "fork").exists()
+    res = sh("apply.sh", "--line=", "--no-install")
+    assert res.returncode == 2 and "--line needs a release" in res.stderr and not (tmp_path / "fork-").exists(), res.stderr
+
+
+def _fake_sglang(py: Path, version: str) -> None:
+    site = subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], capture_output=True,
+                          text=True, check=True).stdout.strip()
+    d = Path(site) / f"sglang-{version}.dist-info"
+    d.mkdir()
+    (d / "METADATA").write_text(f"Metadata-Version: 2.1\nName: sglang\nVersion: {version}\n")
+
+
+def test_every_python_that_imports_a_tree_guards_it_and_advice_keeps_the_line(tmp_path, co):
+    """Fault 4: install into A, then B, delete B: the next apply moved A's tree (only the last
+    interpreter was recorded). Fault 9: the advice printed for a line keeps --line."""
+    a, b = make_venv(tmp_path / "a"), make_venv(tmp_path / "b")
+    for py in (a, b):
+        res = _run(tmp_path, co, "apply", "--line", LINE, "--source", "sdist", "--python", str(py), "--installer", "pip")
+        assert res.returncode == 0, res.stderr[-3000:]
+    assert f"scripts/apply.sh --line {LINE} --venv NEWDIR" in res.stdout  # b cannot import sglang yet: the advice keeps the line
+    wd = tmp_path / f"fork-{LINE}"
+    head = git(wd, "rev-parse", "patched")
+    import shutil
+
+    shutil.rmtree(tmp_path / "b")
+    res = _run(tmp_path, co, "apply", "--workdir", str(wd), "--source", "sdist", "--no-install")
+    assert res.returncode == 1 and f"{a} imports sglang from {wd} (editable)" in res.stderr, res.stderr[-2000:]
+    assert git(wd, "rev-parse", "patched") == head
+    res = _run(tmp_path, co, "export", "--line", LINE, SGLANG_FORK_DIR=str(tmp_path / "gone"))
+    assert res.returncode == 1 and f"is not set up yet; run `sglpatch apply --line {LINE} --workdir {tmp_path}/gone-{LINE}" in res.stderr
+
+
+def test_a_python_serving_another_release_or_another_cpython_is_refused_before_any_work(tmp_path, co):
+    """Fault 7: apply --line 0.5.23 into a Python serving 0.5.9 installed it --no-deps over 0.5.9's
+    dependencies, exit 0; now refused (one line) unless --venv or --other-release, and the mirror.
+    Fault 8: the line's cp311 wheel tree into a Python 3.12 is refused, naming the Python it needs."""
+    serve = make_venv(tmp_path / "serve")
+    _fake_sglang(serve, read_lock(co).version)
+    res = _run(tmp_path, co, "apply", "--line", LINE, "--source", "sdist", "--python", str(serve))
+    assert res.returncode == 2 and not (tmp_path / f"fork-{LINE}").exists(), res.stderr[-2000:]
+    assert f"{serve} serves sglang {read_lock(co).version}, not {LINE}" in res.stderr
+    assert f"`sglpatch apply --line {LINE} --venv NEWDIR`" in res.stderr and len(res.stderr.strip().splitlines()) == 1
+    other = make_venv(tmp_path / "other")
+    _fake_sglang(other, LINE)
+    res = _run(tmp_path, co, "apply", "--source", "sdist", "--python", str(other))  # the mirror case
+    assert res.returncode == 2 and f"serves sglang {LINE}, not {read_lock(co).version}" in res.stderr
+    shim = tmp_path / "py312"
+    shim.write_text(textwrap.dedent(f"""\
+        #!/bin/bash
+        # a Python 3.12 as far as apply's probe asks (no 3.12 on the test machine)
+        if [[ "$*" == *"importlib.metadata as m, importlib.util"* ]]; then printf '\\n\\ncp312\\n'; exit 0; fi
+        exec {sys.executable} "$@"
+        """))
+    shim.chmod(0o755)
+    res = _run(tmp_path, co, "apply", "--line", LINE, "--source", "sdist", "--python", str(shim))
+    assert res.returncode == 2 and "(CPython 3.11 only)" in res.stderr and "(Python 3.12)" in res.stderr, res.stderr[-2000:]
+    assert not (tmp_path / f"fork-{LINE}").exists()
+
+
+def _paused(tmp_path, co, step, *args, env_extra=None):
+    base = tmp_path / f"pause-{step.replace(':', '-')}"
+    env = _env(tmp_path, SGLPATCH_TEST_HOOKS="1", SGLPATCH_PAUSE_AT=step, SGLPATCH_PAUSE_FILE=str(base), **(env_extra or {}))
+    proc = subprocess.Popen([sys.executable, "-m", "sglpatch.cli", *args, "--project", str(co)], cwd=co, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 600
+    while not Path(f"{base}.reached").exists():
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.1)
+    return proc, base
+
+
+def test_a_second_apply_is_told_another_one_works_from_git_init_to_the_install(tmp_path, co):
+    """Fault 6: two applies on a new workdir: the loser was told the folder is not sglpatch's
+    (git init ran before the lock). Fault 5: the install ran after the lock was released: a second
+    apply cleared the scratch folder and moved the tree mid-install."""
+    wd = tmp_path / "new"
+    first, base = _paused(tmp_path, co, "init", "apply", "--line", LINE, "--workdir", str(wd), "--source", "sdist", "--no-install")
+    res = _run(tmp_path, co, "apply", "--line", LINE, "--workdir", str(wd), "--source", "sdist", "--no-install")
+    assert res.returncode == 1 and f"another sglpatch command is working on {wd}" in res.stderr, res.stderr
+    assert "not made by sglpatch" not in res.stderr
+    Path(f"{base}.go").touch()
+    out, err = first.communicate(timeout=600)
+    assert first.returncode == 0, err[-2000:]
+    py = make_venv(tmp_path / "venv")
+    first, base = _paused(tmp_path, co, "install:built", "apply", "--line", LINE, "--workdir", str(wd), "--source", "sdist",
+                          "--python", str(py), "--installer", "pip")
+    head = git(wd, "rev-parse", "patched")
+    res = _run(tmp_path, co, "apply", "--workdir", str(wd), "--source", "sdist", "--no-install")  # would move the tree to the primary
+    assert res.returncode == 1 and f"another sglpatch command is working on {wd}" in res.stderr, res.stderr
+    assert git(wd, "rev-parse", "patched") == head
+    Path(f"{base}.go").touch()
+    out, err = first.communicate(timeout=600)
+    assert first.returncode == 0 and f"installed sglang {LINE} editable from {wd / 'python'} into {py}" in out, err[-3000:]
+
+
+def test_watch_keeps_its_finished_report_beside_a_damaged_line_folder(tmp_path, co):
+    """Fault 10: watch threw its finished report away (exit 1) over a lines/R/ it only lists."""
+    bad = co / "lines" / "0.5.77"
+    bad.mkdir()
+    (bad / "series").write_text("")
+    (bad / "upstream.lock").write_bytes((co / "upstream.lock").read_bytes())
+    out = tmp_path / "w.json"
+    res = sglpatch("watch", "--project", str(co), "--releases", LINE, "--json", str(out), timeout=900)
+    assert res.returncode in (0, 3) and out.is_file(), res.stderr[-2000:]
+    assert "release" in res.stdout and f"{bad}/upstream.lock pins" in res.stderr
+
+
+def test_rough_edges_names_order_and_hints(tmp_path, co):
+    from sglpatch import linepath, lines
+
+    assert linepath.workdir_of(linepath.base("/x/fork/"), LINE) == Path(f"/x/fork-{LINE}")
+    assert linepath.release_of(Path("/x/fork"), Path(f"/x/fork-{LINE}")) == LINE and linepath.release_of(Path("/x/fork"), Path("/x/fork-old")) is None
+    assert sorted(["0.5.23.post1", "0.5.23rc1", "0.5.23"], key=lines._vkey) == ["0.5.23rc1", "0.5.23", "0.5.23.post1"]
+    for name in ("../x", "--foo"):
+        res = _run(tmp_path, co, "status", f"--line={name}")
+        assert res.returncode == 2 and "rebase --onto" not in res.stderr and "named by its release" in res.stderr, res.stderr
