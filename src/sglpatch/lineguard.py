@@ -1,7 +1,8 @@
 """What apply checks, before any work, about the Python it installs a line into: that Python keeps
 the release it serves (a line's tree over another release's dependencies needs --venv NEWDIR or
 --other-release), and it can load the tree (a tree from a wheel carries compiled extensions for
-that wheel's CPython only). Each refusal is one line naming the way out, with the line's --line."""
+that wheel's CPython only); and what export checks: the tree is on the line's pin. Each refusal is one
+line naming the way out, with the line's --line."""
 
 from __future__ import annotations
 
@@ -74,3 +75,18 @@ def guard_wheel_python(python: str, line, opt: str) -> None:
         f"(*.cpython-{want[2:]}-*.so) do not load in {python} (Python {ver(facts[2])}), and {line.where}upstream.lock carries no "
         f"wheel for Python {ver(facts[2])}; nothing was changed: install into a Python {ver(want)} "
         f"(`sglpatch apply{opt} --python PY{ver(want)}` or `--venv NEWDIR --python PY{ver(want)}`)", exitcodes.USAGE)
+
+
+def guard_pin(git, project_root: Path) -> None:
+    """Export writes a line's files only from a tree on that line's pin: a tree on another release
+    (another line's commits) is refused with one line naming both, whatever else lines/ holds."""
+    from sglpatch import lines, upstream
+
+    line = lines.at(project_root)
+    pin = upstream.upstream_pin(git)
+    if pin and pin != line.lock.pin_digest():
+        held = lines.holding(lines.checkout_of(project_root), pin)
+        what = f"the line {held.release}" if held else "another release than any line's lock"
+        opt = f" --line {held.release}" if held and not held.primary else ""
+        raise SglpatchError(f"{git.workdir} holds {what}, not the line {line.release} ({line.where} pins {line.lock.describe()}); "
+                            f"nothing was written" + (f": `sglpatch export{opt} --workdir {git.workdir}`" if held else ""), exitcodes.USAGE)

@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from sglpatch import exitcodes, lines
+from sglpatch import lineguard, lines
 from sglpatch import upstream as up
 from sglpatch.errors import SglpatchError, say
 from sglpatch.fsutil import crashpoint, private_tmpdir, remove, write_if_changed
@@ -249,21 +249,8 @@ def format_patch(git: Git, commit: str, built: bool = False) -> bytes:
 def export(project_root: Path, workdir: Path) -> ExportResult:
     with Workdir(workdir).transaction() as git:
         guard_no_rebase(git)
-        guard_pin(git, Path(project_root))
+        lineguard.guard_pin(git, Path(project_root))
         return export_locked(Path(project_root), git)
-
-
-def guard_pin(git: Git, project_root: Path) -> None:
-    """Export writes a line's files only from a tree on that line's pin: a tree on another release
-    (another line's commits) is refused with one line naming both, whatever else lines/ holds."""
-    line = lines.at(project_root)
-    pin = up.upstream_pin(git)
-    if pin and pin != line.lock.pin_digest():
-        held = lines.holding(lines.checkout_of(project_root), pin)
-        what = f"the line {held.release}" if held else "another release than any line's lock"
-        opt = f" --line {held.release}" if held and not held.primary else ""
-        raise SglpatchError(f"{git.workdir} holds {what}, not the line {line.release} ({line.where} pins {line.lock.describe()}); "
-                            f"nothing was written" + (f": `sglpatch export{opt} --workdir {git.workdir}`" if held else ""), exitcodes.USAGE)
 
 
 def export_locked(project_root: Path, git: Git) -> ExportResult:
