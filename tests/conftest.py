@@ -97,6 +97,7 @@ END_TO_END = {
     "test_apply_cli.py", "test_cli_first_contact.py", "test_doctor.py", "test_failure_modes.py", "test_failure_modes_2.py",
     "test_kernel_candidates.py", "test_kernel_stress.py", "test_port_0523.py", "test_rebase.py", "test_regress_ab.py",
     "test_regress_server.py", "test_scripts_fresh_shell.py", "test_stack.py", "test_venv_preflight.py", "test_watch.py",
+    "test_jitcheck.py",
     # real installs, applies from the cache and rebase faults too (1.6 min -> 5 min for --quick with them in)
     "test_failure_modes_3.py", "test_failure_modes_4.py", "test_flashinfer_set.py", "test_install_wheel_tree.py", "test_rebase_tree_check.py",
     "test_unpack.py", "test_line_context.py",
@@ -343,6 +344,21 @@ def venv_0523() -> Path:
             fcntl.flock(f, fcntl.LOCK_SH)
             fcntl.flock(f, fcntl.LOCK_UN)
     return venv / "bin" / "python"
+
+
+def cuda_home() -> str | None:
+    """The CUDA toolkit the JIT builds use, as the user's box sets it (CUDA_HOME=/usr/local/cuda-12.8):
+    $CUDA_HOME, else the folder above nvcc when it holds libcudart (a wrapper script in /usr/local/bin
+    is not a toolkit: then /usr/local/cuda); None without nvcc."""
+    if os.environ.get("CUDA_HOME"):
+        return os.environ["CUDA_HOME"]
+    nvcc = shutil.which("nvcc")
+    if not nvcc:
+        return None
+    for cand in (Path(os.path.realpath(nvcc)).parents[1], Path("/usr/local/cuda")):
+        if (cand / "bin" / "nvcc").is_file() and list((cand / "lib64").glob("libcudart.so*")):
+            return str(cand)
+    return str(Path(nvcc).parents[1])
 
 
 def wait_pid(path: Path, timeout: float = 20.0) -> int:

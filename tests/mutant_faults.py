@@ -59,6 +59,9 @@ ACCEPT_BY_REF = ("                cycle.accept = accept_lens.clone()\n", "      
 DROP_NEWEST = ("            self._release(self._pending.popleft())\n", "            self._release(self._pending.pop())\n")
 PROFILE_REPORT, DECISION = "tests/test_profile_report.py", "tests/test_decision.py"
 KERNEL = "tests/test_regress.py"  # the crossover, the cap and the judge, as units
+P6T, JIT = "tests/patches/test_p6_jit_cccl.py", "tests/test_jitcheck.py"
+ROPE = "../jit_kernel/rope.py"  # P6's file, beside srt/
+CCCL_PATHS = ("        extra_include_paths=[str(p) for p in cccl_paths if p.exists()]\n        + [str(flashinfer_include_path)],\n")
 
 MUTANTS: dict[str, list[Mutant]] = {
     "0.5.23": [
@@ -201,12 +204,40 @@ MUTANTS: dict[str, list[Mutant]] = {
         Mutant("p5gc-prepare-not-in-graph-capture", "P5", "ordering", "graph_capture no longer prepares the buckets before the capture",
                "distributed/parallel_state.py", [("        if self.pcie_ipc_comm is not None:\n            self.pcie_ipc_comm.prepare()\n", "")], ["tests/patches/test_p5_group_coordinator.py"]),
         Mutant("p5gc-p2-env-not-forced-off", "P5", "rule", "P2's CustomAllreduce still sees SGLANG_ENABLE_PCIE_CUSTOM_AR=1 when PCIe-IPC is agreed",
-               "distributed/parallel_state.py", [("pcie_custom_ar_off = envs.SGLANG_ENABLE_PCIE_CUSTOM_AR.override(False)", "pcie_custom_ar_off = nullcontext()")], ["tests/patches/test_p5_group_coordinator.py"]),
+               F5, [('    os.environ[name] = "0"\n', "")], ["tests/patches/test_p5_group_coordinator.py"]),
+        Mutant("p5gc-p2-env-not-restored-on-raise", "P5", "rule", "pcie_custom_ar_off puts SGLANG_ENABLE_PCIE_CUSTOM_AR back only when "
+               "custom allreduce's constructor returns (the finally dropped): a raise leaves it off",
+               F5, [("    try:\n        yield\n    finally:\n", "    yield\n    if True:\n")], ["tests/patches/test_p5_group_coordinator.py"]),
+        Mutant("p5gc-p2-env-unset-left-off", "P5", "default", "an unset SGLANG_ENABLE_PCIE_CUSTOM_AR is left at 0 after the override, not unset",
+               F5, [("            os.environ.pop(name, None)\n", '            os.environ[name] = "0"\n')], ["tests/patches/test_p5_group_coordinator.py"]),
+        Mutant("p5gc-p2-ignored-every-rank", "P5", "verdict", "every rank warns that SGLANG_ENABLE_PCIE_CUSTOM_AR=1 is ignored, not rank 0 only",
+               F5, [("if envs.SGLANG_ENABLE_PCIE_CUSTOM_AR.get() and rank == 0:", "if envs.SGLANG_ENABLE_PCIE_CUSTOM_AR.get():")],
+               ["tests/patches/test_p5_group_coordinator.py"]),
+        Mutant("p5gc-p2-ignored-without-switch", "P5", "rule", "the SGLANG_ENABLE_PCIE_CUSTOM_AR=1-is-ignored warning also when it is unset",
+               F5, [("if envs.SGLANG_ENABLE_PCIE_CUSTOM_AR.get() and rank == 0:", "if rank == 0:")], ["tests/patches/test_p5_group_coordinator.py"]),
+        Mutant("p5gc-serve-fail-lost-p2-unsaid", "P5", "verdict", "a PCIe-IPC that fails at serve() with SGLANG_ENABLE_PCIE_CUSTOM_AR=1 does not say "
+               "that P2's custom allreduce was not built", F5, [("            lost = \" (SGLANG_ENABLE_PCIE_CUSTOM_AR's custom allreduce was not built)\"\n",
+                                                               '            lost = ""\n')], ["tests/patches/test_p5_group_coordinator.py"]),
+        Mutant("p5gc-lost-p2-said-when-never-agreed", "P5", "rule", "the not-built note also where PCIe-IPC was never agreed (P2 was built as before)",
+               F5, [("if self.agreed and envs.SGLANG_ENABLE_PCIE_CUSTOM_AR.get():", "if envs.SGLANG_ENABLE_PCIE_CUSTOM_AR.get():")],
+               ["tests/patches/test_p5_group_coordinator.py"]),
+        Mutant("p5gc-lost-p2-said-without-switch", "P5", "rule", "the not-built note also without SGLANG_ENABLE_PCIE_CUSTOM_AR set",
+               F5, [("if self.agreed and envs.SGLANG_ENABLE_PCIE_CUSTOM_AR.get():", "if self.agreed:")], ["tests/patches/test_p5_group_coordinator.py"]),
         Mutant("p5gc-outplace-returns-input", "P5", "number", "the out-of-place PCIe-IPC route hands back its input, not the reduction",
                "distributed/parallel_state.py", [("            out = pcie_ipc_comm.all_reduce(input_)\n", "            pcie_ipc_comm.all_reduce(input_)\n            out = input_\n")],
                ["tests/patches/test_p5_group_coordinator.py"]),
         Mutant("p5gc-decode-line-every-rank", "P5", "verdict", "every rank of the TP group prints the decode/verify allreduce line",
-               "distributed/parallel_state.py", [('if group_name == "tp" and self.world_size > 1 and self.rank_in_group == 0:', 'if group_name == "tp" and self.world_size > 1:')],
+               F5, [("    if group.rank_in_group != 0 or (\n", "    if (\n")], ["tests/patches/test_p5_group_coordinator.py"]),
+        Mutant("p5gc-decode-line-at-construction", "P5", "ordering", "an agreed PCIe-IPC is named the decode/verify path at construction, "
+               "before serve() built (or failed) its workspace (the old rule)",
+               F5, [("        comm is not None and comm.agreed and not comm.served\n    ):\n        return\n", "        False\n    ):\n        return\n"),
+                    ("    if pcie_ipc_comm is not None and not pcie_ipc_comm.disabled:\n", "    if pcie_ipc_comm is not None and pcie_ipc_comm.agreed:\n")],
+               ["tests/patches/test_p5_group_coordinator.py"]),
+        Mutant("p5gc-decode-path-served-not-built", "P5", "verdict", "the decode/verify line says PCIe-IPC once serve() ran, also when it failed",
+               F5, [("    if pcie_ipc_comm is not None and not pcie_ipc_comm.disabled:\n", "    if pcie_ipc_comm is not None and pcie_ipc_comm.served:\n")],
+               ["tests/patches/test_p5_group_coordinator.py"]),
+        Mutant("p5gc-decode-line-not-after-serve", "P5", "ordering", "the graph runner does not print the decode/verify line after serve() (an agreed "
+               "PCIe-IPC names no path)", F5, [("        )\n        log_decode_allreduce_path(group)\n", "        )\n")],
                ["tests/patches/test_p5_group_coordinator.py"]),
         Mutant("p5gc-destroy-skipped", "P5", "rule", "GroupCoordinator.destroy drops the adapter without destroying its workspace",
                "distributed/parallel_state.py", [("            self.pcie_ipc_comm.destroy()\n", "")], ["tests/patches/test_p5_group_coordinator.py"]),
@@ -234,6 +265,13 @@ MUTANTS: dict[str, list[Mutant]] = {
         Mutant("p5gc-strided-served", "P5", "rule", "a non-contiguous reduction is handed to PCIe-IPC",
                F5, [("        if not inp.is_contiguous() or inp.shape[-1] != self.hidden:\n", "        if inp.shape[-1] != self.hidden:\n")], ["tests/patches/test_p5_group_coordinator.py"]),
         # ---- end of the GroupCoordinator("tp") mutants ----
+        # P6 (0006, issue 36): flashinfer's bundled CCCL for the rope JIT kernel
+        Mutant("p6-cccl-dropped", "P6", "rule", "flashinfer's bundled CCCL folders not passed (data/include only, as before P6)",
+               ROPE, [(CCCL_PATHS, "        extra_include_paths=[str(flashinfer_include_path)],\n")], [P6T]),
+        Mutant("p6-libcudacxx-root", "P6", "name", "libcudacxx's root passed, not its include/ (flashinfer's jit/env.py names libcudacxx/include)",
+               ROPE, [('cccl / "libcudacxx" / "include"', 'cccl / "libcudacxx"')], [P6T]),
+        Mutant("p6-cccl-unconditional", "P6", "default", "the CCCL folders passed whether or not they exist (only a flashinfer that has them tested)",
+               ROPE, [("[str(p) for p in cccl_paths if p.exists()]", "[str(p) for p in cccl_paths]")], [P6T]),
     ],
     "tool": [
         Mutant("profile-break-even-all-batches", "profile-report", "default", "break-even from the mean cycle of all batch sizes, not batch 1's",
@@ -259,5 +297,18 @@ MUTANTS: dict[str, list[Mutant]] = {
                                   "            if b in required and inst is installs[0]:\n")], [KERNEL]),
         Mutant("bisect-skip-exit-code", "bisect", "number", "a step that cannot run exits 2 to git bisect run (bad), not 125 (skip)",
                "bisect/model.py", [("exitcodes.ERROR, exitcodes.CANNOT_RUN, 255", "exitcodes.ERROR, exitcodes.USAGE, 255")], ["tests/test_bisect.py"]),
+        Mutant("jitcheck-nvcc-error-ignored", "jitcheck", "verdict", "a kernel whose build failed counts as built (nvcc's error ignored)",
+               "jitcheck.py", [('        if rec["state"] != "unchecked" and rec["objects"] and rec["built"] == rec["objects"] and rec["linked"]:\n',
+                                '        if rec["state"] != "unchecked":\n')], [JIT]),
+        Mutant("jitcheck-last-error", "jitcheck", "verdict", "the cause named is nvcc's last error line, not its first",
+               "jitcheck.py", [("        hit = next((ln for ln in lines if re.search(pat, ln)), None)\n",
+                                "        hit = next((ln for ln in reversed(lines) if re.search(pat, ln)), None)\n")], [JIT]),
+        Mutant("jitcheck-arch-unset", "jitcheck", "default", "TVM_FFI_CUDA_ARCH_LIST not set: SGLang asks the GPU (works only where one is)",
+               "jitcheck.py", [("        env.update(TVM_FFI_CUDA_ARCH_LIST=arch, TVM_FFI_CACHE_DIR=tmp, ", "        env.update(TVM_FFI_CACHE_DIR=tmp, ")], [JIT]),
+        Mutant("doctor-jit-arch-default", "doctor", "default", "the doctor builds for 12.0 whatever the profile's [target] cuda_arch",
+               "gpu/doctor/run.py", [('    arch = str((prof.get("target") or {}).get("cuda_arch") or jitcheck.ARCH)\n',
+                                      "    arch = jitcheck.ARCH\n")], [JIT]),
+        Mutant("fiset-way-back-unrecorded", "flashinfer set", "verdict", "the way back is not recorded in the workdir: the JIT failure cannot name it",
+               "fiset.py", [("    if record and t.rollback:\n", "    if False:\n")], [JIT]),
     ],
 }

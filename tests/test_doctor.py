@@ -450,14 +450,14 @@ def test_doctor_end_to_end_ok_then_a_failing_check(tmp_path):
     lines = r.stdout.splitlines()
     names = [ln.split(":")[0].split()[-1] for ln in lines if not ln.startswith("doctor:")]
     assert names == ["gpu-procs", "sglang", "torch", "flashinfer", "sgl-kernel", "env", "env-traps", "driver", "nvcc",
-                     "shm", "memlock", "build-jobs", "topology", "p2p-copy", "allreduce", "gpu-memory"], r.stdout
+                     "jit-kernels", "shm", "memlock", "build-jobs", "topology", "p2p-copy", "allreduce", "gpu-memory"], r.stdout
     assert r.returncode == 0, r.stdout + r.stderr
     assert "ok   env: 6 NCCL_*/SGLANG_* variables; 6 [env] values as the profile says" in lines
     assert "ok   p2p-copy: 28 pairs copied both ways, values exact; slowest 21.0 GB/s (0<->1)" in lines
     assert lines[-1].startswith("doctor: ok (exit 0): ")
     assert "doctor: P2P copy test on 28 GPU pair(s), 2 s each at most" in r.stderr
     doc = json.loads((tmp_path / "d.json").read_text())
-    assert doc["status"] == "ok" and doc["topology"]["class"] == "two-sockets-no-switch" and len(doc["checks"]) == 16
+    assert doc["status"] == "ok" and doc["topology"]["class"] == "two-sockets-no-switch" and len(doc["checks"]) == 17
     # a pair that hangs and a GPU held by something else: exit 1, each named on its line
     smi = fake_smi(tmp_path / "smi2", driver="590.48.01", free=[95 * GIB] * 7 + [3 * GIB])
     r = doctor_cli(tmp_path, smi, "--profile", "rtx6000x8-kimi-k25", env_extra={"PYTHONPATH": str(good),

@@ -120,13 +120,18 @@ def test_two_installs_one_report(tmp_path):
             assert got[("nccl", "A", mode, n)] == got[("nccl", "B", mode, n)] == "ok"
             assert got[("nccl_p2p_off", "A", mode, n)] == got[("nccl_default_env", "A", mode, n)] == "ok"
         assert got[("pcie_ipc", "B", mode, 8)] == "declined"
+        assert got[("pcie_ipc", "B", mode, 4)] == "ok"  # the served row count (pcie_ipc_max_rows) is measured too
+        assert ("nccl", "B", mode, 4) not in got
     assert not any(i == "B" and b_.endswith(("_p2p_off", "_default_env")) for b_, i, _, _ in got)
     # NCCL's defaults: the profile's NCCL_* removed for that launch only
     de = next(L for L in k["launches"] if "--unset-env" in L["cmd"])
     assert de["env_removed"] == ["NCCL_ALGO", "NCCL_PROTO"] and a_inst["default_env"]["removed"] == de["env_removed"]
     assert k["hardware"]["env"]["NCCL_PROTO"] == "LL"
-    # PCIe-IPC tuned into the report folder, never into ~/.cache
-    assert (tmp_path / "r" / "scratch" / "flashinfer-autotune" / "pcie_ipc_all_reduce_ws2.json").is_file()
+    # PCIe-IPC as P5 serves it: seed launch configurations, nothing tuned, no cache written anywhere
+    info = b_inst["backend_info"]["pcie_ipc"]
+    assert (info["buckets"], info["max_numel"], info["tuned"], info["tune_cache"]) == ([4], 256, False, os.devnull)
+    assert not (tmp_path / "r" / "scratch" / "flashinfer-autotune").exists()
+    assert not any(L["backends"] == ["pcie_ipc", "pcie_ipc_tuned"] for L in k["launches"])
     # the topology
     t = k["topology"]
     assert t["class"] == "two-sockets-no-switch" and t["numa"]["5"] == 1 and t["p2p_missing"] == ["2->5", "5->2"]
@@ -153,7 +158,8 @@ def test_a_fast_wrong_candidate_fails_the_tier(tmp_path, monkeypatch):
     k = kernel_doc(tmp_path / "r")
     assert res["exit_code"] == 1
     wrong = [f for f in k["failures"] if f.startswith("WRONG RESULT pcie_ipc")]
-    assert len(wrong) == 4 and "rank 1: max abs error 1.0" in wrong[0]
+    assert len(wrong) == 6 and "rank 1: max abs error 1.0" in wrong[0]  # rows 1, 3 and the served 4
+    assert sorted({f.split("[")[1].split(",")[0] for f in wrong}) == ["1", "3", "4"]
     assert all(r["status"] == "ok" for r in k["results"] if r["backend"] == "nccl")
     assert {x["backend"]: x["why"] for x in k["decision"]["not_ranked"]}["pcie_ipc"].startswith("a WRONG result")
 
@@ -184,7 +190,8 @@ def test_launch_plan_and_usage_errors(tmp_path):
     assert ls[2]["unset"] == ["NCCL_ALGO", "NCCL_BUFFSIZE", "NCCL_MAX_NCHANNELS", "NCCL_NTHREADS", "NCCL_P2P_LEVEL",
                               "NCCL_PROTO"]
     cmd = ls[0]["cmd"]
-    assert cmd[cmd.index("--pcie-ipc-max-rows") + 1] == "24"
+    assert cmd[cmd.index("--pcie-ipc-rows") + 1] == "3,6,12,24" and "--pcie-ipc-max-rows" not in cmd
+    assert "pcie_ipc" in ls[0]["backends"] and "--pcie-ipc-tune" not in cmd  # the default: no tuned leg
     assert [L["name"] for L in kernel_launch.kernel_launches(prof, 8, tmp_path, {"key": "B", "python": "/b"}, False)] \
         == ["main-B"]
     q = kernel_launch.kernel_launches(prof, 8, tmp_path, a, True, quick=True)[0]["cmd"]

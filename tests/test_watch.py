@@ -29,6 +29,7 @@ WHEEL = "0.5.21"
 NEWEST = "0.5.23"
 P2 = "0002-pcie-custom-allreduce.patch"
 P5 = "0005-parallel_state-opt-in-FlashInfer-PCIe-IPC-allreduce.patch"
+P6 = "0006-jit_kernel-flashinfer-bundled-CCCL-for-rope.patch"
 PCIE_IPC = "python/sglang/srt/distributed/device_communicators/pcie_ipc_ar.py"
 
 
@@ -137,6 +138,21 @@ def test_p5_is_superseded_on_0_5_23_by_its_probe_not_on_0_5_21(trees):
     assert not r.holds and "0.6.18 has no PcieIpcAllReduceWorkspace" in r.evidence and "dependency missing" in r.evidence
     cg, old, path = trees[SDIST]
     assert supersede.probe(cg, old, p5(), watch.dep_pins(path, SDIST)).evidence == ""
+
+
+def test_p6_is_superseded_on_0_5_23_where_sglangs_own_rope_kernel_needs_no_flashinfer_header(trees):
+    """P6 (flashinfer's bundled CCCL for 0.5.9's flashinfer-based rope kernel): its probe holds where
+    SGLang builds its own rope kernel from a header that includes none of flashinfer's; there is
+    nothing to switch on. Not on 0.5.10, whose rope.py lives elsewhere (a recorded drop there)."""
+    p6 = series.parse_patch(P6, (ROOT / "patches" / P6).read_bytes())
+    cg, newest, path = trees[NEWEST]
+    r = supersede.probe(cg, newest, p6, watch.dep_pins(path, NEWEST))
+    assert r.holds and r.switch == "" and r.evidence.endswith("rope.py, _jit_fused_rope_module"), r
+    cuh = cg.blob_text(newest, "python/sglang/kernels/jit/csrc/elementwise/rope.cuh")
+    assert cuh and "#include <flashinfer/" not in cuh and "FusedRopeKernel" in cuh
+    assert cg.blob_text(newest, "python/sglang/jit_kernel/rope.py") is None  # the file P6 changes is gone
+    cg, old, path = trees[SDIST]
+    assert supersede.probe(cg, old, p6, watch.dep_pins(path, SDIST)).evidence == ""
 
 
 def test_recorded_resolution_reused_for_same_conflict_refused_for_another(trees, tmp_path):

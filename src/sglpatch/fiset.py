@@ -11,6 +11,10 @@ the packages to remove are uninstalled, then ``pip check`` runs: a line of it th
 of the set fails the step (the others are P's own and are listed). The versions P had are printed
 first as the command that puts them back. A dry run prints the installer's own dry-run plan.
 
+The way back is also recorded in the workdir (``record_way_back``): after the install,
+``sglpatch.jitcheck`` builds the JIT kernels that include flashinfer's headers, and a kernel that
+does not build names it, as ``sglpatch doctor`` does later.
+
 Into a new venv (``apply --venv DIR --with-flashinfer``): ``rewrite`` turns the release's pins into
 the set before the venv's plan is resolved; the same ``pip check`` rule runs on the new venv.
 """
@@ -230,10 +234,28 @@ def plan_first(python: str, fs: FlashinferSet, have: dict[str, str] | None = Non
     return p
 
 
+def record_way_back(workdir: Path, command: str) -> None:
+    """Remember in the workdir the command that puts back what --with-flashinfer replaced."""
+    from sglpatch.gitcmd import Git
+    from sglpatch.workdir import FLASHINFER_BACK_KEY
+
+    Git(Path(workdir)).config_set(FLASHINFER_BACK_KEY, command)
+
+
+def recorded_way_back(workdir: Path) -> str | None:
+    """The command record_way_back kept in workdir, or None (nothing replaced yet, not a workdir)."""
+    from sglpatch.gitcmd import Git
+    from sglpatch.workdir import FLASHINFER_BACK_KEY
+
+    workdir = Path(workdir).expanduser()
+    return Git(workdir).config_get(FLASHINFER_BACK_KEY) if (workdir / ".git").is_dir() else None
+
+
 def install_into(python: str, fs: FlashinferSet, installer: str = "auto", dry_run: bool = False,
-                 plan: pipconf.InstallPlan | None = None) -> list[str]:
+                 plan: pipconf.InstallPlan | None = None, record=None) -> list[str]:
     """Bring python to the set (progress on stderr); the summary lines for stdout. plan: plan_first's,
-    when the caller showed it before other work (else it is made and shown here)."""
+    when the caller showed it before other work (else it is made and shown here). record(command):
+    called with the way back once the set has replaced something."""
     have = installed(python)
     t = todo(fs, have)
     now = ", ".join(f"{n} {have[n]}" for n in (PACKAGE, *fs.override, *fs.remove) if n in have) or "none of its packages"
@@ -257,6 +279,8 @@ def install_into(python: str, fs: FlashinferSet, installer: str = "auto", dry_ru
         if proc.returncode != 0:
             raise SglpatchError(f"flashinfer: installing {' '.join(t.install)} into {python} failed (exit {proc.returncode}, see above); "
                                 "nothing was removed")
+    if record and t.rollback:
+        record(f"{' '.join(inst)} {t.rollback}")
     for name in t.remove:
         say(f"flashinfer: removing {name} {have[name]} ({fs.remove[name]})")
         if subprocess.run([*uninst, name], cwd="/").returncode != 0:

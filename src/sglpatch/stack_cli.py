@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import sys
 
-from sglpatch import cliargs, exitcodes, fiset, install, lineguard, linepath, newvenv, stack, upstream
-from sglpatch.errors import SglpatchError
+from sglpatch import cliargs, exitcodes, fiset, install, jitcheck, lineguard, linepath, newvenv, stack, upstream
+from sglpatch.errors import SglpatchError, say
 from sglpatch import lines
 from sglpatch.lock import read_lock
 
@@ -75,6 +75,8 @@ def _cmd_apply(args) -> int:
         print(f"{workdir} (branch patched, {ctx.named()}) carries {len(patches)} patches:")
         for p in patches:
             print(f"  {p}")
+        if args.with_flashinfer and not prep:
+            _jit_check(args.python or sys.executable, workdir)
         return 0
     except OSError as e:
         raise cliargs.os_error(e) from None
@@ -95,8 +97,21 @@ def _install(args, ctx, workdir, prep, fs, fplan) -> None:
         print(install.install(workdir, python=args.python, installer=args.installer, version=lock.version, lock=lock))
         py = args.python or sys.executable
         if args.with_flashinfer:
-            print("\n".join(fiset.install_into(py, fs, args.installer, plan=fplan)))
+            print("\n".join(fiset.install_into(py, fs, args.installer, plan=fplan,
+                                                   record=lambda cmd: fiset.record_way_back(workdir, cmd))))
         print("\n".join(install.report(py, workdir, lock.version, ctx.opt)))
+
+
+def _jit_check(py: str, workdir) -> None:
+    """The JIT kernels that include flashinfer's headers, built in py for the target (sglpatch.jitcheck):
+    a line when they build or cannot be checked here; a kernel that does not build is the error,
+    with the command that restores the flashinfer set this apply (or an earlier one) replaced."""
+    say(f"jit-kernels: building the JIT kernels that include flashinfer headers in {py} for {jitcheck.sm(jitcheck.ARCH)} "
+        "(compile only, no GPU; about 20 s each)")
+    v = jitcheck.run(py)
+    if v.state == "fail":
+        raise SglpatchError(v.line(fiset.recorded_way_back(workdir) or ""))
+    print(v.line())
 
 
 def _tree_agrees(workdir, fs) -> None:
@@ -203,7 +218,8 @@ def register(sub) -> None:
     p.add_argument("--dry-run", action="store_true", help="with --venv: print the preflight verdict and the resolved plan; with "
                    "--with-flashinfer: print the flashinfer plan; change nothing")
     p.add_argument("--with-flashinfer", action="store_true", help="also install the flashinfer set of deps/flashinfer.toml for P1 and P5 "
-                   "(into --python, or into --venv's plan), then pip check; the JIT needs nvcc >= 12.8 on CUDA_HOME")
+                   "(into --python, or into --venv's plan), then pip check; into --python it then builds the JIT kernels that "
+                   "include flashinfer headers for sm_120 (compile only); the JIT needs nvcc >= 12.8 on CUDA_HOME")
     p.add_argument("--cuda", metavar="12.N", help="with --venv: the CUDA 12 builds of the release's CUDA-specific requirements (for a driver "
                    "below 580), from the indexes deps/cuda12.toml names; the plan shows each one's build and index, the preflight "
                    "refuses what has none (default: the release's own builds)")

@@ -40,6 +40,7 @@ APPLIED_KEY = "sglpatch.applied"
 CHECKOUT_KEY = "sglpatch.first-checkout"  # set while the first checkout into a fresh workdir runs
 BACKUP_PREFIX = "refs/sglpatch/backup"
 INSTALLED_KEY = "sglpatch.installed-python"  # every interpreter the tree was installed into (sglpatch.install)
+FLASHINFER_BACK_KEY = "sglpatch.flashinfer-way-back"  # the command that restores the flashinfer set --with-flashinfer replaced (sglpatch.fiset)
 REBASE_REF_PREFIX = "refs/sglpatch/rebase"
 SCRATCH = "sglpatch-tmp"
 # written by the tree's build (setuptools-scm) whenever it is installed: build output, never an edit

@@ -22,7 +22,7 @@ from sglpatch.gpu import regress  # noqa: E402
 pytestmark = pytest.mark.gpu
 
 
-def _project(tmp_path: Path, backends: list[str], p2p: bool, required: list[str]) -> Path:
+def _project(tmp_path: Path, backends: list[str], p2p: bool, required: list[str], extra: str = "") -> Path:
     proj = tmp_path / "proj"
     (proj / "targets").mkdir(parents=True)
     (proj / "tests").mkdir()
@@ -36,7 +36,7 @@ def _project(tmp_path: Path, backends: list[str], p2p: bool, required: list[str]
         samples = 10
         inner = 4
         timeout_s = 240
-        """))
+        """) + extra)
     return proj
 
 
@@ -69,3 +69,17 @@ def test_fast_but_wrong_backend_fails_the_tier(tmp_path):
     assert res["exit_code"] == 1
     assert any(f.startswith("WRONG RESULT selftest_wrong") for f in k["failures"])
     assert all(r["status"] == "ok" for r in k["results"] if r["backend"] == "nccl")
+
+
+def test_pcie_ipc_seed_against_tuned_on_the_served_buckets(tmp_path):
+    """Where flashinfer >= 0.7 imports: the seed leg on P5's buckets, then the tuned leg; a tune that
+    fails is one line of pcie_ipc_tuned, never the tier (clocks not pinned: no root needed)."""
+    pytest.importorskip("flashinfer.comm.pcie_ipc_ar")
+    proj = _project(tmp_path, ["nccl", "pcie_ipc"], False, ["nccl"], "pcie_ipc_rows = [3, 6, 12, 24]\npcie_ipc_tune = true\n")
+    res = regress.run_regress("kernel", "g", str(tmp_path / "r"), str(proj))
+    k = json.loads((tmp_path / "r" / "report.json").read_text())["tiers"]["kernel"]
+    assert res["exit_code"] == 0, k["failures"]
+    x = k["pcie_ipc_tune"]["installs"][0]
+    assert x["buckets"] == [3, 6, 12, 24] and x["max_numel"] == 24 * 7168
+    assert all(r["seed_us"] for r in x["table"]) and "clocks were not pinned" in x["clocks"]["line"]
+    assert x["verdict"] or k["errors"].get("pcie_ipc_tuned"), x

@@ -4,22 +4,20 @@ One subprocess imports the patched tree and runs every case; each case forks its
 gets local_rank 3, 5, 6, 7, so its device is cuda:3, cuda:5, ...: a rule using the rank for the GPU id answers otherwise.
 Real: GroupCoordinator (construction guard, P2 switched off, dispatch, the ``outplace_all_reduce``/``inplace_all_reduce``
 custom ops down to ``_all_reduce_out_place``/``_in_place``, whose reduction runs on the gloo device group, graph_capture,
-destroy), PcieIpcAllReduce (agreement over the CPU group, P2P row, width, tune policy, prepare, serving, destroy), P2's
-CustomAllreduce constructor, and the graph runner's code: ``get_batch_sizes_to_capture`` and CudaGraphRunner.__init__'s
-statements from ``self.capture_bs = ...`` to ``serve_captured_graphs(self)``, compiled from the patched
-cuda_graph_runner.py (importing that module needs the whole model stack: einops, compressed_tensors, gguf, msgspec...).
+destroy), PcieIpcAllReduce (agreement over the CPU group, P2P row, width, tune policy, prepare, serving, destroy, the
+decode/verify line), P2's CustomAllreduce constructor, and CudaGraphRunner's ``get_batch_sizes_to_capture`` and __init__
+from ``self.capture_bs = ...`` to ``serve_captured_graphs(self)``, compiled from the patched cuda_graph_runner.py.
 
-Stand-ins, only for what needs CUDA or a GPU:
-* flashinfer's ``PcieIpcAllReduceWorkspace`` (CUDA IPC memory, kernels): records every call; all_reduce returns a new
-  tensor of 100 + rank; destroy is a barrier on its group (flashinfer's is collective); prepare resolves every bucket
-  but 12 rows; ``workspace_size`` a known formula; the tuning cache folder (``default_cache_path``) a tmp folder.
-* the GPU P2P probe (``gpu_p2p_access_check``, the driver's ``can_device_access_peer``): a matrix by GPU id.
-* the platform probes (``is_cuda_alike``, custom_all_reduce's ``_is_cuda``, ``device_count``): CUDA, 8 GPUs.
-* CUDA tensors: ``CudaLike``, a tensor whose device is cuda:N while its data and every aten op on it are on the CPU;
-  SGLang's custom ops (registered for CUDA only) run their CUDA kernel, the real Python function. ``torch.ones`` and
-  ``torch.empty`` on a CUDA device return one (GroupCoordinator's and CustomAllreduce's buffers).
-* torch.cuda's streams and capture state (current_stream, stream(), is_current_stream_capturing).
-* P2's kernels and IPC buffers (sgl_kernel ops, the CUDA runtime), NVML's NVLink answer (False: PCIe only).
+Stand-ins, only for what needs CUDA or a GPU (a case's ``fail`` makes the marked ones raise):
+* flashinfer's ``PcieIpcAllReduceWorkspace`` (CUDA IPC memory, kernels): records every call (marked: its constructor
+  raises on the case's ranks); all_reduce returns a new tensor of 100 + rank; destroy is a barrier on its group (as
+  flashinfer's, collective); prepare resolves every bucket but 12 rows; ``workspace_size`` a formula; a tmp cache folder.
+* the GPU P2P probe (``gpu_p2p_access_check``, the driver's ``can_device_access_peer``): a matrix by GPU id; the platform
+  probes (``is_cuda_alike``, custom_all_reduce's ``_is_cuda``, ``device_count``): CUDA, 8 GPUs.
+* CUDA tensors: ``CudaLike``, a tensor on cuda:N whose data and aten ops are on the CPU; SGLang's custom ops (CUDA only)
+  run their CUDA kernel, the real Python function; ``torch.ones``/``torch.empty`` on a CUDA device return one.
+* torch.cuda's streams and capture state; P2's kernels and IPC buffers (sgl_kernel ops, the CUDA runtime: marked, its
+  cudaMalloc raises on every rank), NVML's NVLink answer (False: PCIe only).
 * in the dispatch cases, a custom allreduce taking 3-row reductions (the real class: test_p2_pcie_custom_ar.py).
 ``destroy_process_group`` is observed (recorded, then called).
 """
@@ -39,8 +37,9 @@ from torch.utils._pytree import tree_map
 
 H, TOKENS, UNRESOLVED = 7168, 3, 12  # hidden; EAGLE tokens per request; the bucket flashinfer resolves to no config
 DEVICES = [3, 5, 6, 7]
-CALLS, OPS, LOG, PROBES, CUR, CAPTURING, MATRIX = [], [], [], [], [None], [False], []
+CALLS, OPS, LOG, PROBES, CUR, CAPTURING, MATRIX, FAIL = [], [], [], [], [None], [False], [], {}  # FAIL: the case's failing stand-ins
 N = types.SimpleNamespace
+def fail(why): raise RuntimeError(why)
 
 class CudaLike(torch.Tensor):
     @staticmethod
@@ -59,9 +58,8 @@ class CudaLike(torch.Tensor):
 
 def on_cpu(make):
     def alloc(*a, device=None, **k):
-        if device is not None and torch.device(device).type == "cuda":
-            return CudaLike(make(*a, **k), torch.device(device))
-        return make(*a, device=device, **k)
+        cuda = device is not None and torch.device(device).type == "cuda"
+        return CudaLike(make(*a, **k), torch.device(device)) if cuda else make(*a, device=device, **k)
     return alloc
 def result(value, inp, tag):
     out = CudaLike(torch.full(tuple(inp.shape), value + dist.get_rank(), dtype=inp.dtype))  # exact in bf16
@@ -70,6 +68,7 @@ def result(value, inp, tag):
 
 class FakeWorkspace:
     def __init__(self, group, max_numel, dtype, tune_batches, tune_cache):
+        if dist.get_rank() in FAIL.get("workspace", ()): fail("no IPC memory")  # before any call recorded
         self.group, self.world_size, self.max_numel, self.elem_size, self.max_blocks = group, dist.get_world_size(group), max_numel, 2, 36
         CALLS.append(["init", max_numel, str(dtype), list(tune_batches), tune_cache])
     def prepare(self, shapes, dtype):
@@ -112,9 +111,8 @@ def cuda_graph_runner_code():
     return ns, [ast.unparse(s).split("(")[0] for s in hook.body]
 
 CGR_NS, HOOK = cuda_graph_runner_code()
-for name in ("pymscclpp", "pynccl", "pynccl_allocator", "torch_symm_mem", "hpu_communicator", "npu_communicator",
-             "xpu_communicator", "shm_broadcast"):  # imported here once, not by every forked rank
-    importlib.import_module("sglang.srt.distributed.device_communicators." + name)
+for name in "pymscclpp pynccl pynccl_allocator torch_symm_mem hpu_communicator npu_communicator xpu_communicator shm_broadcast".split():
+    importlib.import_module("sglang.srt.distributed.device_communicators." + name)  # here once, not by every forked rank
 importlib.import_module("sglang.srt.layers.moe.utils")
 FI_VERSION = next((d.version for d in importlib.metadata.distributions(name="flashinfer-python")), None)
 
@@ -127,16 +125,14 @@ class use_stream:  # torch.cuda.stream(stream)
     def __init__(self, stream): self.stream = stream
     def __enter__(self): self.prev, CUR[0] = CUR[0], self.stream
     def __exit__(self, *exc): CUR[0] = self.prev
-
 probe = lambda tag: lambda src, dst: PROBES.append([tag, src, dst]) or MATRIX[src][dst]
-
 class FakeOps:
     IS_CUSTOM_AR_AVAILABLE = True
     def meta_size(self): return 4096
     def init_custom_ar(self, meta_ptrs, rank_data, rank, full_nvlink): CALLS.append(["init_custom_ar", rank, full_nvlink]); return 1
     def register_buffer(self, ptr, ptrs): CALLS.append(["register_buffer"])
 class FakeCudaRT:
-    def cudaMalloc(self, n): CALLS.append(["cudaMalloc", n]); return N(value=0x1000)
+    def cudaMalloc(self, n): CALLS.append(["cudaMalloc", n]); return N(value=0x1000) if not FAIL.get("malloc") else fail("out of memory")
     def cudaIpcGetMemHandle(self, p): return b"handle"
     def cudaIpcOpenMemHandle(self, h): return N(value=0x2000)
 class CaStandIn:
@@ -168,28 +164,24 @@ def coordinator(rank, name, groups, use_ca=False):
                                use_hpu_communicator=False, use_xpu_communicator=False, use_npu_communicator=False, group_name=name)
 
 def install():
-    ps.is_cuda_alike = lambda: True
+    ps.is_cuda_alike, torch.cuda.device_count = lambda: True, lambda: 8
     torch.ones, torch.empty = on_cpu(torch.ones), on_cpu(torch.empty)
-    torch.cuda.current_stream = lambda device=None: CUR[0]
-    torch.cuda.is_current_stream_capturing = lambda: CAPTURING[0]
+    torch.cuda.current_stream, torch.cuda.is_current_stream_capturing = lambda device=None: CUR[0], lambda: CAPTURING[0]
     torch.cuda.stream, ps.get_current_device_stream_fast = use_stream, lambda: CUR[0]
-    torch.cuda.device_count = lambda: 8
     car.gpu_p2p_access_check = caru.gpu_p2p_access_check = probe("check")
     torch.cuda.can_device_access_peer = probe("driver")
     car._is_cuda, car.ops, car.CudaRTLibrary, car.is_full_nvlink = True, FakeOps(), FakeCudaRT, lambda ids, ws: False
     destroy_pg = dist.destroy_process_group  # observed: when the groups go
     dist.destroy_process_group = lambda group=None: (CALLS.append(["destroy_process_group"]), destroy_pg(group))[1]
-    logging.getLogger("sglang").addHandler(Capture())
-    logging.getLogger("sglang").setLevel(logging.INFO)
+    logging.getLogger("sglang").addHandler(Capture()); logging.getLogger("sglang").setLevel(logging.INFO)
 
 def child(rank, port, outdir, case):
     ws = case["ws"]
     os.environ.update(dict(case["env"], **case.get("env_rank", {}).get(str(rank), {})))
     if rank in case.get("no_flashinfer", ()): sys.modules["flashinfer.comm.pcie_ipc_ar"] = None  # its import fails
-    MATRIX[:], CUR[0] = case["matrix"], Stream(0)
+    MATRIX[:], CUR[0] = case["matrix"], Stream(0); FAIL.update(case.get("fail", {}))
     install()
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=ws,
-                            timeout=datetime.timedelta(seconds=10))
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=ws, timeout=datetime.timedelta(seconds=10))
     whole, single = [list(range(ws))], [[r] for r in range(ws)]
     tp = coordinator(rank, "tp", whole, case.get("use_ca", False))
     comm, ca = tp.pcie_ipc_comm, tp.ca_comm
@@ -228,9 +220,8 @@ def child(rank, port, outdir, case):
     dist.barrier()
     open(os.path.join(outdir, f"{rank}.done"), "w").write("ok")
 
-# P2P between the group's GPUs only: GPUs 0..2 (rank numbers) reach nothing
 matrix = lambda ws, missing=(), full=False: [[full or s == d or (s in DEVICES[:ws] and d in DEVICES[:ws] and (s, d) not in missing)
-                                             for d in range(8)] for s in range(8)]
+                                             for d in range(8)] for s in range(8)]  # P2P among the group's GPUs only: 0..2 reach nothing
 def cache_dir(ws=None, rows=(3, 6, 12, 18)):
     d = tempfile.mkdtemp()
     if ws:  # a tuned cache and the key it was made for
@@ -253,7 +244,12 @@ CASES["tune_unknown4"] = dict(ws=4, matrix=matrix(4), env=ON(), env_rank={"2": d
 CASES["tune_other_key4"] = dict(ws=4, matrix=matrix(4), env=dict(ON(SGLANG_PCIE_IPC_TUNE="cache"), FI_DIR=cache_dir(4, (3, 6, 12, 24))))
 CASES["tune_match2"] = dict(ws=2, matrix=matrix(2), env=dict(ON(SGLANG_PCIE_IPC_TUNE="cache"), FI_DIR=cache_dir(2)))
 CASES["numel_rounded2"] = dict(ws=2, matrix=matrix(2), eager=["18", "19"], captured=["19"], env=ON(SGLANG_PCIE_IPC_MAX_NUMEL=str(7169 * 20)))
-CASES["numel_below_row4"] = dict(ws=4, matrix=matrix(4), env=ON(), env_rank={"2": dict(SGLANG_PCIE_IPC_MAX_NUMEL="7000")})
+BELOW = dict(ws=4, matrix=matrix(4), eager=["3"], captured=["3"], env_rank={"2": dict(SGLANG_PCIE_IPC_MAX_NUMEL="7000")})  # serve() fails
+CASES["numel_below_row4"] = dict(BELOW, env=ON())
+CASES["serve_fails_numel4"] = dict(BELOW, use_ca=True, env=ON(SGLANG_ENABLE_PCIE_CUSTOM_AR="1"))  # agreed with P2's switch on
+CASES["serve_fails_workspace4"] = dict(CASES["serve_fails_numel4"], env_rank={}, fail={"workspace": [1]})
+CASES["ca_raises2"] = dict(CASES["p2_2"], fail={"malloc": True})  # P2's cudaMalloc raises on every rank
+CASES["ca_raises_unset2"] = dict(CASES["ca_raises2"], env=ON())  # SGLANG_ENABLE_PCIE_CUSTOM_AR unset
 out = {name: run_ranks(c["ws"], child, 30, c) for name, c in CASES.items()}
 out["hook"], out["fi_version"], out["fi_dirs"] = HOOK, FI_VERSION, {name: c["env"]["FI_DIR"] for name, c in CASES.items()}
 print("RESULT" + json.dumps(out))
@@ -266,12 +262,10 @@ H, ROWS, NUMEL, DEVICES, DEVNULL = 7168, [3, 6, 12, 18], 18 * 7168, [3, 5, 6, 7]
 def result(run_patched):
     proc = run_patched(RANK_RUNNER + CODE, timeout=400)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    line = next(l for l in proc.stdout.splitlines() if l.startswith("RESULT"))
-    return json.loads(line[len("RESULT") :])
+    return json.loads(next(l for l in proc.stdout.splitlines() if l.startswith("RESULT"))[len("RESULT") :])
 
 
-def ranks(result, case):
-    """Every rank of case finished and passed the barrier after it: no error, no hang."""
+def ranks(result, case):  # every rank of case finished and passed the barrier after it: no error, no hang
     c = result[case]
     assert c["blocked"] == 0, c
     for rank, r in c["ranks"].items():
@@ -279,14 +273,21 @@ def ranks(result, case):
     return [c["ranks"][str(k)] for k in range(len(c["ranks"]))]
 
 
-decode_line = lambda path, ws: ["INFO", "parallel_state", f"Decode/verify allreduce: {path} (world_size={ws})."]
-off_line = lambda ws, why: ["WARNING", "pcie_ipc_allreduce", f"PCIe-IPC allreduce is off on all {ws} ranks because {why}. Reductions "
-                            "stay on custom allreduce/NCCL; unset SGLANG_ENABLE_PCIE_IPC_ALLREDUCE to silence this warning."]
+decode_line = lambda path, ws: ["INFO", "pcie_ipc_allreduce", f"Decode/verify allreduce: {path} (world_size={ws})."]
+on0 = lambda rank, *lines: list(lines) if rank == 0 else []  # rank 0's lines
+LOST = " (SGLANG_ENABLE_PCIE_CUSTOM_AR's custom allreduce was not built)"
+off_line = lambda ws, why, lost="": ["WARNING", "pcie_ipc_allreduce", f"PCIe-IPC allreduce is off on all {ws} ranks because {why}. Reductions "
+                                     f"stay on custom allreduce/NCCL{lost}; unset SGLANG_ENABLE_PCIE_IPC_ALLREDUCE to silence this warning."]
+BELOW_ROW = "rank 2: SGLANG_PCIE_IPC_MAX_NUMEL=7000 is below one row of 7168; unset it or set it to at least 7168"
+# A reduction left to the next backend: in place over the group (gloo here), the input summed over the ranks' 1..ws
+nccl = lambda ws: [[["inplace_all_reduce", "tp:0"]], [], "input", True, ws * (ws + 1) / 2]
+p2_built = lambda rank, nvlink: [["cudaMalloc", 4096 + 8192 * 1024], ["cudaMalloc", 8192 * 1024], ["init_custom_ar", rank, nvlink],
+                                 ["register_buffer"]]  # P2's IPC buffers and kernel
 CAPTURE_LINE = ["INFO", "cuda_graph_runner", "Capture cuda graph bs [1, 2, 4, 6]"]
 P2_PCIE_OFF = ["WARNING", "custom_all_reduce", "Custom allreduce is disabled because it's not supported on more than two PCIe-only "
                "GPUs. To silence this warning, specify disable_custom_all_reduce=True explicitly. To use it for small tensors "
                "only, set SGLANG_ENABLE_PCIE_CUSTOM_AR=1."]
-P2_IGNORED = ["WARNING", "parallel_state", "SGLANG_ENABLE_PCIE_CUSTOM_AR=1 is ignored: SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=1 serves "
+P2_IGNORED = ["WARNING", "pcie_ipc_allreduce", "SGLANG_ENABLE_PCIE_CUSTOM_AR=1 is ignored: SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=1 serves "
               "these reductions."]
 
 
@@ -299,63 +300,49 @@ def serving_line(ws, numel=NUMEL, buckets=ROWS, why="widest captured reduction 1
             f"(SGLANG_PCIE_IPC_TUNE; the tuning step: {step})."]
 
 
-def ipc(rows, rank, rebind=None):
-    """A reduction served by PCIe-IPC, out of place: the caller got the workspace's new tensor (100 + rank)."""
+def ipc(rows, rank, rebind=None):  # a reduction served by PCIe-IPC, out of place: the caller got the workspace's new tensor (100 + rank)
     calls = ([["rebind", rebind]] if rebind is not None else []) + [["pcie_ipc", [rows, H]]]
     return [[["outplace_all_reduce", "tp:0", "pcie_ipc"]], calls, "result", True, 100.0 + rank]
-
-
-# A reduction left to the next backend: in place over the group (gloo here), the input summed over the ranks' 1..ws
-nccl = lambda ws: [[["inplace_all_reduce", "tp:0"]], [], "input", True, ws * (ws + 1) / 2]
 
 
 @pytest.mark.parametrize("ws", [2, 4])
 def test_only_the_tp_group_builds_it_with_the_switch_on_above_one_rank(result, ws):
     for rank, r in enumerate(ranks(result, f"main{ws}")):
         assert r["tp"] == [DEVICES[rank], True, True]  # agreed at construction, serving from serve()
-        assert r["guard"] == {"attention_tp/" + str(ws): True, "pp/" + str(ws): True, "None/" + str(ws): True, "tp/1": True,
-                              "tp/env off": True}
-        assert r["log_build"] == ([decode_line("PCIe-IPC", ws)] if rank == 0 else [])
-        assert r["log_guard"] == ([decode_line("NCCL", ws)] if rank == 0 else [])  # the tp group with the switch off
-        peers = [d for d in DEVICES[:ws] if d != DEVICES[rank]]
-        assert r["probes"] == [["check", DEVICES[rank], d] for d in peers]  # by GPU id, not rank
+        assert r["guard"] == dict.fromkeys([f"attention_tp/{ws}", f"pp/{ws}", f"None/{ws}", "tp/1", "tp/env off"], True)
+        assert r["log_build"] == []  # agreed: the path is decided only when serve() builds (or fails) the workspace
+        assert r["log_guard"] == on0(rank, decode_line("NCCL", ws))  # the tp group with the switch off: decided at construction
+        assert r["probes"] == [["check", DEVICES[rank], d] for d in DEVICES[:ws] if d != DEVICES[rank]]  # by GPU id, not rank
 
 
 @pytest.mark.parametrize("ws", [2, 4])
 def test_width_and_buckets_from_the_clamped_capture_list(result, ws):
-    assert result["hook"] == ["self.capture_bs, self.compile_bs = get_batch_sizes_to_capture", "log_info_on_rank0",
-                              "serve_captured_graphs"]
+    assert result["hook"] == ["self.capture_bs, self.compile_bs = get_batch_sizes_to_capture", "log_info_on_rank0", "serve_captured_graphs"]
     for rank, r in enumerate(ranks(result, f"main{ws}")):
         assert r["capture_bs"] == [1, 2, 4, 6]  # 8..32 above the 6 requests dropped, 6 added
-        assert r["served"] == [False, NUMEL, H, ROWS, DEVNULL]
-        assert r["serve_calls"] == [["init", NUMEL, "torch.bfloat16", ROWS, DEVNULL]]
-        assert r["log_serve"] == ([CAPTURE_LINE, serving_line(ws)] if rank == 0 else [])
+        assert r["served"] == [False, NUMEL, H, ROWS, DEVNULL] and r["serve_calls"] == [["init", NUMEL, "torch.bfloat16", ROWS, DEVNULL]]
+        assert r["log_serve"] == on0(rank, CAPTURE_LINE, serving_line(ws), decode_line("PCIe-IPC", ws))
 
 
-def test_max_numel_override_rounded_up_to_a_pack_or_below_a_row_off_on_every_rank(result):
+def test_max_numel_override_rounded_up_to_a_pack(result):
     numel, rows = 143384, ROWS + [20]  # 7169 x 20 = 143380 -> 143384; 20 rows of 7168 fit
     why = "SGLANG_PCIE_IPC_MAX_NUMEL=143380 rounded up to a 16-byte pack, 143384"
     for rank, r in enumerate(ranks(result, "numel_rounded2")):
-        assert r["served"] == [False, numel, H, rows, DEVNULL]
-        assert r["serve_calls"] == [["init", numel, "torch.bfloat16", rows, DEVNULL]]
-        assert r["log_serve"] == ([CAPTURE_LINE, serving_line(2, numel, rows, why, extra=" --max-numel 143384")] if rank == 0 else [])
+        assert r["served"] == [False, numel, H, rows, DEVNULL] and r["serve_calls"] == [["init", numel, "torch.bfloat16", rows, DEVNULL]]
+        line = serving_line(2, numel, rows, why, extra=" --max-numel 143384")
+        assert r["log_serve"] == on0(rank, CAPTURE_LINE, line, decode_line("PCIe-IPC", 2))
         assert r["eager"] == {"18": ipc(18, rank, rebind=0), "19": ipc(19, rank)}
         assert r["capture"] == {"19": ipc(19, rank, rebind=9)}  # within the wider workspace: prepared (1..20 rows), served in a capture
-    why = "rank 2: SGLANG_PCIE_IPC_MAX_NUMEL=7000 is below one row of 7168; unset it or set it to at least 7168"
-    for rank, r in enumerate(ranks(result, "numel_below_row4")):
-        assert r["served"] == [True, 0, 0, [], None] and r["serve_calls"] == []
-        assert r["log_serve"] == ([CAPTURE_LINE] if rank == 0 else []) + [off_line(4, why)]
 
 
 @pytest.mark.parametrize("ws", [2, 4])
 def test_dispatch_order_and_what_each_route_returns(result, ws):
     for rank, r in enumerate(ranks(result, f"main{ws}")):
-        eager = r["eager"]
-        assert eager["3"] == ipc(3, rank, rebind=0)  # the first call binds the workspace to its stream
+        assert r["eager"]["3"] == ipc(3, rank, rebind=0)  # the first call binds the workspace to its stream
         for rows in ("6", "7", "12", "18"):  # out of capture any shape within the workspace
-            assert eager[rows] == ipc(int(rows), rank), rows
+            assert r["eager"][rows] == ipc(int(rows), rank), rows
         for name in ("19", "fp16", "fp32", "hidden4096", "strided", "1d"):  # over the cap, not bf16, other width, strided, 1-D
-            assert eager[name] == nccl(ws), name
+            assert r["eager"][name] == nccl(ws), name
         ca = [[["outplace_all_reduce", "tp:0", "ca"]], [["ca", [3, H]]], "result", True, 200.0 + rank]
         assert r["eager_ca"] == {"3": ca, "6": ipc(6, rank)}  # custom allreduce first, PCIe-IPC where it declines
 
@@ -375,19 +362,23 @@ def test_graph_capture_prepares_every_admitted_row_once_and_a_capture_serves_onl
         assert r["capture2"] == {"3": ipc(3, rank)} and r["eager_after"] == {"3": ipc(3, rank, rebind=0)}
 
 
-@pytest.mark.parametrize("ws", [2, 4])
-def test_p2_is_not_built_when_pcie_ipc_is_agreed(result, ws):
-    for rank, r in enumerate(ranks(result, f"p2_{ws}")):
+@pytest.mark.parametrize("case", ["p2_2", "p2_4", "ca_raises2", "ca_raises_unset2"])
+def test_p2_is_not_built_when_pcie_ipc_is_agreed_and_the_users_switch_comes_back(result, case):
+    ws, user = int(case[-1]), None if case == "ca_raises_unset2" else "1"
+    failed = ["WARNING", "parallel_state", "Setup Custom allreduce failed with out of memory. To silence this warning, "
+              "specify --disable-custom-all-reduce explicitly."]
+    for rank, r in enumerate(ranks(result, case)):
         assert r["tp"] == [DEVICES[rank], True, True] and r["served"][0] is False
-        assert r["p2_env"] == "1"  # the override ends with the constructor
+        assert r["p2_env"] == user  # the override ends with the constructor, also when it raised (unset stays unset)
         if ws == 4:  # the real CustomAllreduce saw SGLANG_ENABLE_PCIE_CUSTOM_AR off: no IPC buffer, no kernel
             assert r["ca"] == ["CustomAllreduce", True] and r["build"] == []
-            assert r["log_build"] == ([P2_IGNORED, P2_PCIE_OFF, decode_line("PCIe-IPC", 4)] if rank == 0 else [P2_PCIE_OFF])
-        else:  # two GPUs: custom allreduce as upstream builds it, ahead of PCIe-IPC
-            assert r["ca"] == ["CustomAllreduce", False]
-            assert r["build"] == [["cudaMalloc", 4096 + 8192 * 1024], ["cudaMalloc", 8192 * 1024], ["init_custom_ar", rank, False],
-                                  ["register_buffer"]]
-            assert r["log_build"] == ([P2_IGNORED, decode_line("custom allreduce", 2)] if rank == 0 else [])
+            assert r["log_build"] == on0(rank, P2_IGNORED) + [P2_PCIE_OFF]
+        elif case == "p2_2":  # two GPUs: custom allreduce as upstream builds it, ahead of PCIe-IPC
+            assert r["ca"] == ["CustomAllreduce", False] and r["build"] == p2_built(rank, False) and r["log_build"] == on0(rank, P2_IGNORED)
+        else:  # its constructor raised inside the override
+            assert r["ca"] is None and r["build"] == p2_built(rank, False)[:1]
+            assert r["log_build"] == on0(rank, *[P2_IGNORED] * (user == "1")) + [failed]
+        assert r["log_serve"] == on0(rank, CAPTURE_LINE, serving_line(ws), decode_line("custom allreduce" if case == "p2_2" else "PCIe-IPC", ws))
 
 
 def test_p2_is_built_as_before_when_pcie_ipc_is_blocked(result):
@@ -396,12 +387,10 @@ def test_p2_is_built_as_before_when_pcie_ipc_is_blocked(result):
     p2_on = ["INFO", "custom_all_reduce", "Custom allreduce on 4 PCIe-only GPUs for tensors up to 65536 bytes (default; server "
              "settings unknown: Global server args is not set yet!), NCCL above."]  # _TP is not set yet: every rank says it
     for rank, r in enumerate(ranks(result, "p2_blocked4")):
-        assert r["tp"] == [DEVICES[rank], False, True] and r["ca"] == ["CustomAllreduce", False]
+        assert r["tp"] == [DEVICES[rank], False, True] and r["ca"] == ["CustomAllreduce", False] and r["build"] == p2_built(rank, True)
         assert r["probes"] == [["check", rank, k] for k in range(4) if k != rank]  # P2's own probe (by rank); P5 stopped first
-        assert r["build"] == [["cudaMalloc", 4096 + 8192 * 1024], ["cudaMalloc", 8192 * 1024], ["init_custom_ar", rank, True],
-                              ["register_buffer"]]
-        assert r["log_build"] == [off_line(4, why), p2_on] + ([decode_line("custom allreduce", 4)] if rank == 0 else [])
-        assert r["served"] == [True, 0, 0, [], None] and r["serve_calls"] == []
+        assert r["log_build"] == [off_line(4, why), p2_on] + on0(rank, decode_line("custom allreduce", 4))
+        assert r["served"] == [True, 0, 0, [], None] and r["serve_calls"] == [] and r["log_serve"] == on0(rank, CAPTURE_LINE)
 
 
 @pytest.mark.parametrize("case,pair,tag", [("p2p_missing2", "5->3", "check"), ("p2p_missing4", "5->7", "check"),
@@ -412,8 +401,8 @@ def test_one_missing_p2p_pair_turns_every_rank_off_without_a_hang(result, case, 
         assert r["tp"] == [DEVICES[rank], False, True]
         assert r["probes"] == [[tag, DEVICES[rank], d] for d in DEVICES[:ws] if d != DEVICES[rank]]
         warning = off_line(ws, f"GPU P2P access is missing between GPUs {pair}")
-        assert r["log_build"] == [warning] + ([decode_line("NCCL", ws)] if rank == 0 else [])
-        assert r["log_serve"] == ([CAPTURE_LINE] if rank == 0 else []) and r["serve_calls"] == []  # no workspace
+        assert r["log_build"] == [warning] + on0(rank, decode_line("NCCL", ws))
+        assert r["log_serve"] == on0(rank, CAPTURE_LINE) and r["serve_calls"] == []  # no workspace
         assert r["eager"] == {"3": nccl(ws)} and r["capture"] == {"3": nccl(ws)}
         assert r["capture_calls"] == [["wait_stream", 9], ["body"], ["wait_stream", 9]]  # nothing prepared
 
@@ -431,20 +420,31 @@ def test_every_rank_builds_with_the_agreed_tune_decision(result, case):
         "tune_unknown4": {2: "SGLANG_PCIE_IPC_TUNE='fast' is not one of 0|seed, cache, 1|tune; using the seed launch configurations."},
         "tune_other_key4": dict.fromkeys(range(4), f"PCIe-IPC allreduce: SGLANG_PCIE_IPC_TUNE=cache, but {path} was made for {made}, "
                                          f"not {want}; running the seed configurations. Tune for this server: {step}"),
-        "tune_match2": {},
-    }[case]
+    }.get(case, {})
     cache = path if case == "tune_match2" else DEVNULL  # a seed start reads no cache
     for rank, r in enumerate(ranks(result, case)):
-        assert r["served"] == [False, NUMEL, H, ROWS, cache]
-        assert r["serve_calls"] == [["init", NUMEL, "torch.bfloat16", ROWS, cache]]
+        assert r["served"] == [False, NUMEL, H, ROWS, cache] and r["serve_calls"] == [["init", NUMEL, "torch.bfloat16", ROWS, cache]]
         lines = [["WARNING", "pcie_ipc_allreduce", warning[rank]]] if rank in warning else []
         policy = "cache" if cache == path else "seed"
-        assert r["log_serve"] == ([CAPTURE_LINE, *lines, serving_line(ws, policy=policy)] if rank == 0 else lines)
+        assert r["log_serve"] == on0(rank, CAPTURE_LINE) + lines + on0(rank, serving_line(ws, policy=policy), decode_line("PCIe-IPC", ws))
 
 
-@pytest.mark.parametrize("case", ["main2", "main4", "p2_4", "tune_match2", "p2p_missing4", "numel_below_row4"])
+@pytest.mark.parametrize("case", ["main2", "main4", "p2_4", "tune_match2", "p2p_missing4", "numel_below_row4", "serve_fails_workspace4"])
 def test_destroy_releases_the_workspace_on_every_rank_before_the_groups_go(result, case):
-    served = case not in ("p2p_missing4", "numel_below_row4")
+    served = case not in ("p2p_missing4", "numel_below_row4", "serve_fails_workspace4")  # the ranks that built drop theirs unused
     for r in ranks(result, case):
         assert r["destroy"] == [[["destroy"]] * served + [["destroy_process_group"]] * 2, True]
         assert r["log_rest"] == []
+
+
+@pytest.mark.parametrize("case", ["numel_below_row4", "serve_fails_numel4", "serve_fails_workspace4"])
+def test_pcie_ipc_failing_at_serve_names_the_lost_custom_allreduce_and_then_the_real_path(result, case):
+    why = "rank 1: the workspace failed: RuntimeError: no IPC memory" if case == "serve_fails_workspace4" else BELOW_ROW
+    lost, built = LOST * (case != "numel_below_row4"), [0, 2, 3] * (case == "serve_fails_workspace4")  # built, then dropped unused
+    for rank, r in enumerate(ranks(result, case)):  # the last two: agreed with SGLANG_ENABLE_PCIE_CUSTOM_AR=1, so P2 was not built
+        assert r["tp"] == [DEVICES[rank], True, True] and r["ca"] == (["CustomAllreduce", True] if lost else None)
+        assert r["log_build"] == (on0(rank, P2_IGNORED) + [P2_PCIE_OFF] if lost else [])  # no path named before serve() decided it
+        assert r["log_serve"] == on0(rank, CAPTURE_LINE) + [off_line(4, why, lost)] + on0(rank, decode_line("NCCL", 4))
+        assert r["served"] == [True, 0, 0, [], DEVNULL if built else None] and r["p2_env"] == ("1" if lost else None)
+        assert r["serve_calls"] == [["init", NUMEL, "torch.bfloat16", ROWS, DEVNULL]] * (rank in built)
+        assert r["eager"] == r["capture"] == {"3": nccl(4)} and r["log_rest"] == []  # reductions on the next backend; none named later

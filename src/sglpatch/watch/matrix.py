@@ -178,7 +178,8 @@ def _classify(items: list[tuple]) -> list[Row]:
             cell = _cell(o, v)
             sup = supersede.probe(sg, onto, patch, deps)
             if sup and sup.holds:
-                cell = Cell(Status.SUPERSEDED, f"superseded by upstream: {sup.evidence}; {sup.switch}", [cell.text] + cell.details, False)
+                how = f"superseded by upstream: {sup.evidence}" + (f"; {sup.switch}" if sup.switch else "")  # P6: nothing to switch
+                cell = Cell(Status.SUPERSEDED, how, [cell.text] + cell.details, False)
             elif sup and sup.evidence:
                 cell.details.append(f"not superseded: {sup.evidence}")
             cells[o.name] = cell

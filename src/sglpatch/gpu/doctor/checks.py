@@ -1,4 +1,5 @@
-"""`sglpatch doctor`, checks 2 and 3: the Python that serves, and the driver and toolkits.
+"""`sglpatch doctor`, checks 2 and 3: the Python that serves, and the driver and toolkits (the JIT
+kernels that include flashinfer's headers built for the target: sglpatch.jitcheck).
 
 Each function turns facts into one `Check`; the facts come from a child run of the serving
 interpreter (`probe.py`, so its start-up files count), from `served.imported_sglang`
@@ -15,7 +16,7 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sglpatch import preflight
+from sglpatch import jitcheck, preflight
 from sglpatch.gpu.shared.served import pcie_ipc_server
 
 PROBE = Path(__file__).with_name("probe.py")
@@ -218,6 +219,24 @@ def check_nvcc(info: dict, rows: list, exe: str) -> Check:
     if c.state == "ok":
         c.text += " (CUDA_HOME / PATH as the serving interpreter sees them)"
     return c
+
+
+def check_jit(python: str, env: dict, arch: str, workdir: str | None, run: bool = True) -> Check:
+    """The JIT kernels of the served sglang that include flashinfer's headers, built for the target's
+    arch in the serving interpreter (sglpatch.jitcheck, compile only); a failure's fix is the command
+    that restores the flashinfer set `--with-flashinfer` replaced (recorded in the workdir)."""
+    if not run:
+        return Check("jit-kernels", "skip", "not run (--no-jit)")
+    v = jitcheck.run(python, arch, env)
+    if v.state != "fail":
+        return Check("jit-kernels", v.state, v.text)
+    from sglpatch.gpu.shared.series_side import flashinfer_way_back
+
+    back = flashinfer_way_back(Path(workdir)) if workdir else None
+    return Check("jit-kernels", "fail", v.text, f"the way back: {back}" if back else
+                 "the flashinfer set it replaced is not recorded: rebuild the tree with the series (scripts/apply.sh "
+                 "--with-flashinfer), or install the flashinfer-python the release pins",
+                 data={k: v.data[k] for k in ("arch", "nvcc", "flashinfer") if k in v.data})
 
 
 def check_shm(path: Path) -> Check:

@@ -5,7 +5,8 @@
 Checks, in order (`procs`, `checks`, `gpu` beside this file):
   1. gpu-procs   every process holding /dev/nvidia*; stale SGLang / torch workers fail (--kill-stale ends them)
   2. sglang, torch, flashinfer, sgl-kernel, env, env-traps: the serving interpreter, run in a child
-  3. driver, nvcc, shm, memlock, build-jobs
+  3. driver, nvcc, jit-kernels (the served sglang's JIT kernels that include flashinfer headers, built
+     for the profile's [target] cuda_arch, default 12.0: compile only), shm, memlock, build-jobs
   4. topology, p2p-matrix, p2p-copy (a real copy per pair, each under a deadline), allreduce
   5. gpu-memory  free memory per GPU against the profile's [model] weights_gib / tp + margin
 
@@ -28,7 +29,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from sglpatch import exitcodes, preflight
+from sglpatch import exitcodes, jitcheck, preflight
 from sglpatch.errors import SglpatchError, say
 from sglpatch.gpu.doctor import checks as dc
 from sglpatch.gpu.doctor import gpu as dg
@@ -56,6 +57,7 @@ class Box:
     p2p_timeout: float = 20.0
     p2p_start_timeout: float = 180.0
     p2p: bool = True
+    jit: bool = True  # build the JIT kernels that include flashinfer headers (sglpatch.jitcheck)
     reapers: frozenset = dp.REAPER_PIDS  # the PIDs that adopt orphans (a subreaper's too, where one runs)
 
     def smi(self) -> str | None:
@@ -141,7 +143,9 @@ def run_doctor(python: str, prof: dict, project: Path, box: Box | None = None, e
     launch_args = [str(a) for a in (prof.get("server") or {}).get("launch_args", [])]
     add(dc.check_sglang(served), dc.check_torch(info, bool(rows)), *dc.check_kernels(info, served),
         dc.check_env(info, env, prof.get("env") or {}), dc.check_traps(info.get("env") or env, launch_args, klass))
-    add(dc.check_driver(info, rows, exe), dc.check_nvcc(info, rows, exe), dc.check_shm(box.shm),
+    arch = str((prof.get("target") or {}).get("cuda_arch") or jitcheck.ARCH)
+    add(dc.check_driver(info, rows, exe), dc.check_nvcc(info, rows, exe),
+        dc.check_jit(python, env, arch, served.get("workdir"), box.jit), dc.check_shm(box.shm),
         dc.check_memlock(info), dc.check_build_jobs(info, dc.meminfo(box.proc_root)))
     add(*dg.check_topology(topo, raw))
     res, why = None, ""
@@ -218,6 +222,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kernel-report", metavar="DIR", help="a kernel-tier report folder: its measured decision is cited")
     p.add_argument("--nvidia-smi", metavar="PATH", help="the nvidia-smi to run (default: the one on PATH)")
     p.add_argument("--no-p2p", action="store_true", help="skip the P2P copy test")
+    p.add_argument("--no-jit", action="store_true", help="skip building the JIT kernels that include flashinfer headers")
     p.add_argument("--p2p-timeout", type=float, default=20.0, metavar="S", help="deadline per GPU pair")
     p.add_argument("--dev-glob", default="/dev/nvidia*", help=argparse.SUPPRESS)
     p.add_argument("--proc-root", default="/proc", help=argparse.SUPPRESS)
@@ -237,7 +242,7 @@ def run_args(args: argparse.Namespace) -> int:
     if args.kernel_report and not (Path(args.kernel_report) / "report.json").is_file():
         raise SglpatchError(f"--kernel-report {args.kernel_report}: no report.json there", exit_code=exitcodes.USAGE)
     box = Box(nvidia_smi=args.nvidia_smi, proc_root=Path(args.proc_root), dev_glob=args.dev_glob, shm=Path(args.shm),
-              p2p_probe=Path(args.p2p_probe), p2p_timeout=args.p2p_timeout, p2p=not args.no_p2p,
+              p2p_probe=Path(args.p2p_probe), p2p_timeout=args.p2p_timeout, p2p=not args.no_p2p, jit=not args.no_jit,
               reapers=frozenset(int(x) for x in args.reapers.split(",") if x.strip().isdigit()))
     doc = run_doctor(serving_python(prof, args.python), prof, proj, box, kill_stale=args.kill_stale, yes=args.yes,
                      kernel_report=Path(args.kernel_report) if args.kernel_report else None)

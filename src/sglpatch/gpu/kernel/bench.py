@@ -93,11 +93,12 @@ def build_arg_parser() -> argparse.ArgumentParser:
                    help="seconds one step (a backend's set-up, one size and mode) may take before a HANG exit 3")
     p.add_argument("--custom-ar-max-bytes", type=int, default=64 * 1024 * 1024,
                    help="max_size given to SGLang's CustomAllreduce (so every size is measured)")
+    p.add_argument("--pcie-ipc-rows", type=parse_sizes, default=None,
+                   help="the row counts the server captures (P5's start-up line: its buckets), e.g. 3,6,12,24: "
+                   "PCIe-IPC's tune_batches, its width the widest of them; each is measured too")
     p.add_argument("--pcie-ipc-max-rows", type=int, default=64,
-                   help="rows of PCIe-IPC's workspace (SGLang sizes it --cuda-graph-max-bs x draft tokens; 64 "
-                   "without a server config); larger sizes are declined, as SGLang serves them on NCCL")
-    p.add_argument("--pcie-ipc-tune", action=argparse.BooleanOptionalAction, default=True,
-                   help="tune PCIe-IPC's launch tactics once, as SGLang does at server start")
+                   help="without --pcie-ipc-rows: PCIe-IPC's width in rows (and its one bucket); larger sizes "
+                   "are declined, as the server serves them on NCCL")
     p.add_argument("--b12x-max-bytes", type=int, default=8 * 1024 * 1024,
                    help="capacity of the b12x PCIe runtimes (flashinfer's default)")
     s = p.add_argument_group("stress (--stress N replaces the latency run)")
@@ -232,8 +233,11 @@ def run_latency(ctx, log, hw: dict, unset: dict) -> int:
             doc["done"].append(label)
             continue
         log(f"{label}: measuring {args.sizes} x {args.hidden} bf16, modes {modes}"
+            + (f" (+ rows {backend.extra_rows})" if getattr(backend, "extra_rows", None) else "")
             + (f" ({backend.how})" if getattr(backend, "how", None) else ""))
-        for rows in args.sizes:
+        if getattr(backend, "info", None):  # what the backend built (PCIe-IPC: width, buckets, tune)
+            doc.setdefault("backend_info", {})[label] = backend.info
+        for rows in sorted(set(args.sizes) | set(getattr(backend, "extra_rows", ()))):
             reasons = gather(ctx, backend.supports(rows))
             reason = next((r for r in reasons if r), None)
             for mode in modes:

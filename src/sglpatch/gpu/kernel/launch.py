@@ -7,7 +7,10 @@ Launches per interpreter (`--python A[,B]`, default `[kernel] python`):
 - `main`: every backend of `[kernel] backends`, under `[env]` + `[kernel.env]` (NCCL as served);
 - first interpreter only: `p2p_off` (NCCL with NCCL_P2P_DISABLE=1) and `default_env` (NCCL with
   every NCCL_* variable of the profile removed, also inside the worker in case a sitecustomize
-  set them again: the user's tuning against NCCL's defaults).
+  set them again: the user's tuning against NCCL's defaults);
+- `pcie_ipc` (each interpreter, only with `[kernel] pcie_ipc_tune = true`): PCIe-IPC's seed leg
+  (moved out of `main`), then `pcie_ipc_tuned` (the same workspace after ws.tune), in one fresh
+  process at the same clocks (kernel/pcie_tune.py); its failures are that backend's, never the tier's.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import re
 import sys
 from pathlib import Path
 
+from sglpatch.gpu.kernel import pcie_tune
 from sglpatch.gpu.shared.procs import run_step, tail
 from sglpatch.gpu.shared.profile import expand, usage_error
 
@@ -70,6 +74,13 @@ def profile_nccl_vars(prof: dict) -> list[str]:
     return sorted({n for n in {**prof.get("env", {}), **prof["kernel"].get("env", {})} if n.startswith("NCCL_")})
 
 
+def pcie_ipc_args(k: dict) -> list[str]:
+    """PCIe-IPC's served rows (the server's buckets: P5's width is the widest), else its width in rows."""
+    if k.get("pcie_ipc_rows"):
+        return ["--pcie-ipc-rows", ",".join(map(str, k["pcie_ipc_rows"]))]
+    return ["--pcie-ipc-max-rows", str(k.get("pcie_ipc_max_rows", 64))]
+
+
 def common_args(prof: dict, quick: bool) -> list[str]:
     k = prof["kernel"]
     sizes = quick_sizes(prof) if quick else k["sizes"]
@@ -77,13 +88,11 @@ def common_args(prof: dict, quick: bool) -> list[str]:
         (k["samples"], k["inner"])
     out = ["--sizes", ",".join(map(str, sizes)), "--hidden", str(k["hidden"]), "--samples", str(samples),
            "--inner", str(inner), "--step-timeout", str(k.get("step_timeout_s", 600)),
-           "--pcie-ipc-max-rows", str(k.get("pcie_ipc_max_rows", 64)),
            "--b12x-max-bytes", str(k.get("b12x_max_bytes", 8 * 1024 * 1024)),
            "--stress-sizes", ",".join(map(str, k["stress_sizes"]))]
+    out += pcie_ipc_args(k)
     if quick:
         out += ["--warmup", str(QUICK["warmup"])]
-    if not k.get("pcie_ipc_tune", True):
-        out.append("--no-pcie-ipc-tune")
     if k.get("device") == "cpu":
         out += ["--device", "cpu"]
     return out
@@ -96,8 +105,9 @@ def kernel_launches(prof: dict, world_size: int, report_dir: Path, interp: dict,
     torchrun = [py, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(world_size),
                 "-m", "sglpatch.gpu.kernel.bench", *common_args(prof, quick)]
     tag = "" if key == "A" else f"-{key}"
-    launches = [{"name": f"main{tag}", "env": {}, "unset": [], "backends": list(k["backends"]), "suffix": "",
-                 "cmd": torchrun}]
+    tune = pcie_tune.settings(k)["tune"]
+    main = [b for b in k["backends"] if not (tune and b == pcie_tune.SEED)]
+    launches = [{"name": f"main{tag}", "env": {}, "unset": [], "backends": main, "suffix": "", "cmd": torchrun}]
     if first and k.get("p2p_disabled_run", True) and "nccl" in k["backends"]:
         launches.append({"name": "p2p_off", "env": {"NCCL_P2P_DISABLE": "1"}, "unset": [], "backends": ["nccl"],
                          "suffix": "_p2p_off", "cmd": torchrun})
@@ -105,6 +115,10 @@ def kernel_launches(prof: dict, world_size: int, report_dir: Path, interp: dict,
     if first and k.get("default_env_run", True) and "nccl" in k["backends"] and nccl_vars:
         launches.append({"name": "default_env", "env": {}, "unset": nccl_vars, "backends": ["nccl"],
                          "suffix": "_default_env", "cmd": torchrun})
+    if tune:  # seed first in a fresh process (flashinfer's autotuner keeps winners in memory), same clocks
+        launches.append({"name": f"pcie_ipc{tag}", "env": {}, "unset": [], "backends": [pcie_tune.SEED, pcie_tune.TUNED],
+                         "suffix": "", "cmd": torchrun, "soft": pcie_tune.TUNED, "pin": True})
+    launches = [L for L in launches if L["backends"]]
     for L in launches:
         L["install"] = key
         L["out"] = report_dir / f"kernel-{L['name']}.json"
@@ -123,12 +137,22 @@ def _attempt_cmd(L: dict, backends: list[str], out: Path, scratch: Path) -> list
 def run_launch(L: dict, env: dict, timeout_s: float, report_dir: Path, project: Path, fail) -> dict:
     """Run one launch; when it hangs or dies inside a backend, name that backend (an error, with
     the worker's HANG line when there is one) and relaunch the backends not yet measured.
-    Returns {"doc": merged worker doc or None, "attempts": [...]}.  `fail(msg)` records a failure."""
+    Returns {"doc": merged worker doc or None, "attempts": [...]}.  `fail(msg)` records a failure.
+    A `soft` launch (the tuned leg's) fails no tier: its exit without a result or after it is one
+    error line of its backends (`soft`, or those it had not measured); survivors still fail."""
     lenv = worker_env({kk: v for kk, v in env.items() if kk not in L["unset"]})
     lenv.update(L["env"])
     scratch = report_dir / "scratch"
     scratch.mkdir(exist_ok=True)
     todo, merged, attempts = list(L["backends"]), None, []
+
+    def launch_fail(msg: str, labels: list[str]) -> None:
+        nonlocal merged
+        if not L.get("soft"):
+            return fail(msg)
+        merged = merged or {"results": [], "absent": {}, "errors": {}, "done": [], "complete": False}
+        for b in labels:
+            merged.setdefault("errors", {}).setdefault(b, msg)
     for n in range(1 + MAX_RELAUNCHES):
         stem = f"kernel-{L['name']}" + (f"-r{n + 1}" if n else "")
         out, log = report_dir / f"{stem}.json", report_dir / f"{stem}.log"
@@ -145,17 +169,19 @@ def run_launch(L: dict, env: dict, timeout_s: float, report_dir: Path, project: 
         why = (f"ran past {timeout_s:.0f} s and was killed" if res["timed_out"] else f"exited {res['rc']}")
         if doc is not None and doc.get("complete"):
             if res["rc"] != 0 or res["timed_out"]:
-                fail(f"launch {L['name']} {why} after writing its result (log {log.name}): {tail(log, 1)}")
+                launch_fail(f"launch {L['name']} {why} after writing its result (log {log.name}): {last_word(log)}",
+                            [L.get("soft", "")])
             break
         hang = None
         with contextlib.suppress(OSError):
             hang = next((m.group(0) for m in HANG_LINE.finditer(log.read_text(errors="replace"))), None)
         stuck = (doc or {}).get("in_progress")
         if stuck is None:
-            fail(f"launch {L['name']} {why} without a result (log {log.name}): {hang or tail(log, 1)}")
+            launch_fail(f"launch {L['name']} {why} without a result (log {log.name}): {hang or last_word(log)}",
+                        [b + L["suffix"] for b in todo if b + L["suffix"] not in (doc or {}).get("done", [])])
             break
         label = stuck
-        merged.setdefault("errors", {})[label] = f"launch {why} in this backend (log {log.name}): {hang or tail(log, 1)}"
+        merged.setdefault("errors", {})[label] = f"launch {why} in this backend (log {log.name}): {hang or last_word(log)}"
         merged.setdefault("hung", []).append(label)
         done = set(doc.get("done", [])) | {label}
         todo = [b for b in todo if b + L["suffix"] not in done]
@@ -164,10 +190,17 @@ def run_launch(L: dict, env: dict, timeout_s: float, report_dir: Path, project: 
     return {"doc": merged, "attempts": attempts}
 
 
+def last_word(log: Path) -> str:
+    """The log's last line that says something (torchrun ends a failure with a rule of '='): e.g.
+    "traceback : Signal 6 (SIGABRT) received by PID 11896"."""
+    lines = [ln.strip() for ln in tail(log, 40).splitlines()]
+    return next((ln for ln in reversed(lines) if ln.strip("=-") and ln), "")
+
+
 def _merge_docs(a: dict, b: dict) -> dict:
     out = dict(a)
     out["results"] = a.get("results", []) + b.get("results", [])
-    for key in ("absent", "errors"):
+    for key in ("absent", "errors", "backend_info"):
         out[key] = {**a.get(key, {}), **b.get(key, {})}
     out["done"] = a.get("done", []) + b.get("done", [])
     out["complete"] = b.get("complete", False)

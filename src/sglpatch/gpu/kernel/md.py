@@ -1,11 +1,12 @@
 """report.md of the kernel tier: hardware and topology, the installs, the latency tables (a column
-per backend and install), the crossover, the decision table, absent backends, stress."""
+per backend and install), the decision table, PCIe-IPC seed against tuned, the crossover, absent
+backends, stress."""
 
 from __future__ import annotations
 
 import shlex
 
-from sglpatch.gpu.kernel import decision
+from sglpatch.gpu.kernel import decision, pcie_tune
 
 VERSION_KEYS = ("torch", "flashinfer-python", "sglang", "sgl-kernel", "sglang-kernel", "mscclpp")
 
@@ -141,6 +142,7 @@ def kernel_markdown(d: dict, prof: dict) -> list[str]:
     if d.get("decision"):
         labels = {i["key"]: i["label"] for i in d.get("installs") or []}
         md += decision.markdown(d["decision"], labels, (decision.config(prof) or {}).get("confirm", {}))
+    md += pcie_tune.markdown(d.get("pcie_ipc_tune"))
     md += crossover_markdown(d)
     for inst in d.get("installs") or [{"label": "", "absent": d.get("absent"), "errors": d.get("errors")}]:
         tag = f" (install {inst['label']})" if inst["label"] else ""

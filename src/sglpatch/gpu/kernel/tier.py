@@ -11,7 +11,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from sglpatch.gpu.kernel import decision
+from sglpatch.gpu.kernel import decision, pcie_tune
 from sglpatch.gpu.kernel import launch as kernel_launch
 from sglpatch.gpu.shared import topology
 from sglpatch.gpu.kernel.launch import HANG_LINE, worker_env
@@ -53,7 +53,7 @@ def stress_launch(prof: dict, world_size: int, report_dir: Path, python: str, it
            "-m", "sglpatch.gpu.kernel.bench", "--stress", str(iterations), "--stress-sizes", ",".join(map(str, k["stress_sizes"])),
            "--hidden", str(k["hidden"]), "--backends", ",".join(k["stress_backends"]),
            "--modes", ",".join(k["stress_modes"]), "--stress-step-timeout", str(k["stress_step_timeout_s"]),
-           "--out", str(out)]
+           *kernel_launch.pcie_ipc_args(k), "--out", str(out)]
     if k.get("device") == "cpu":
         cmd += ["--device", "cpu"]
     legs = max(1, len(k["stress_backends"]) * len(k["stress_modes"]))
@@ -227,10 +227,18 @@ def run_install(prof: dict, ws: int, report_dir: Path, project: Path, env: dict,
     """Every launch of one interpreter: (its install record, its rows labelled with its key)."""
     k = prof["kernel"]
     inst = {"key": interp["key"], "python": interp["python"], "hardware": None, "absent": {}, "errors": {},
-            "hung": [], "launches": []}
+            "hung": [], "launches": [], "backend_info": {}}
     rows: list[dict] = []
     for L in kernel_launch.kernel_launches(prof, ws, report_dir, interp, first, quick):
-        r = kernel_launch.run_launch(L, env, float(k["timeout_s"]), report_dir, project, tr.fail)
+        with pcie_tune.clocks(k, ws, env) if L.get("pin") else contextlib.nullcontext() as clk:
+            if clk and clk.get("error"):  # pinning was asked and failed: no tuned leg, one line
+                L = {**L, "backends": [b for b in L["backends"] if b != pcie_tune.TUNED]}
+                inst["errors"][pcie_tune.TUNED] = clk["error"]
+            r = kernel_launch.run_launch(L, env, float(k["timeout_s"]), report_dir, project, tr.fail)
+        if clk:
+            inst["clocks"] = clk
+            if clk.get("reset_error"):
+                tr.fail(f"launch {L['name']}: {clk['reset_error']}; reset them: nvidia-smi -rgc")
         inst["launches"] += r["attempts"]
         doc = r["doc"]
         if doc is None:
@@ -243,6 +251,7 @@ def run_install(prof: dict, ws: int, report_dir: Path, project: Path, env: dict,
             rows.append({**row, "install": interp["key"]})
         inst["absent"].update(doc.get("absent", {}))
         inst["errors"].update(doc.get("errors", {}))
+        inst["backend_info"].update(doc.get("backend_info", {}))
         inst["hung"] += doc.get("hung", [])
     inst["label"] = kernel_launch.install_label(interp["key"], interp["python"], inst["hardware"])
     return inst, rows
@@ -289,6 +298,7 @@ class KernelTier(Tier):
             return self.cannot_run(missing)  # not a usage error: the user gave no --python
         self.interps = kernel_launch.interpreters(k, plan.python)
         self.cfg = decision.config(plan.profile)
+        pcie_tune.settings(k)  # the PCIe-IPC keys: a bad one is a usage error before anything runs
         self.spec_base = decision.baseline_from_report(plan.with_profile) if plan.with_profile else None
         if plan.with_profile and self.cfg is None:
             raise usage_error("--with-profile needs a [kernel.decision] table in the profile (layers, step, cycle)")
@@ -320,6 +330,7 @@ class KernelTier(Tier):
             tr.data["stress"] = run_stress_step(plan.profile, ws, plan.report_dir, self.interps[0]["python"], self.env,
                                                 plan.project, self.stress, tr)
             tr.data["hardware"] = hw or tr.data["stress"].get("hardware") or {}
+        tr.data["pcie_ipc_tune"] = pcie_tune.compare(rows, installs, k, ws) if installs else None
         first_rows = [r for r in rows if r["install"] == first["key"]]
         tr.data["crossover"] = {m: find_crossover(first_rows, m, k["hidden"]) for m in ("graph", "eager")}
         if self.cfg and rows:

@@ -24,7 +24,8 @@ def usage_error(msg: str) -> SglpatchError:
 
 
 DEFAULTS: dict = {
-    "target": {"name": "local", "description": "", "gpu_name": None, "gpus": None, "nvlink": None},
+    # cuda_arch: TVM_FFI_CUDA_ARCH_LIST for the doctor's JIT build check (sglpatch.jitcheck; None: 12.0)
+    "target": {"name": "local", "description": "", "gpu_name": None, "gpus": None, "nvlink": None, "cuda_arch": None},
     "env": {},
     "cpu": {"python": None, "pytest_python": None, "tests": "tests/patches", "import_check": "sglang", "timeout_s": 1800,
             "pytest_args": []},
@@ -33,6 +34,9 @@ DEFAULTS: dict = {
                "p2p_disabled_run": True, "required_backends": ["nccl"], "samples": 50, "inner": 10,
                "timeout_s": 420, "tolerance": 0.15, "abs_floor_us": 2.0, "baseline": None,
                "env": {}, "device": "cuda",
+               # PCIe-IPC as P5 serves it (kernel/pcie_tune.py): the server's buckets (None: one row
+               # count, pcie_ipc_max_rows); the tuned leg against seed only when asked; clocks it pins
+               "pcie_ipc_rows": None, "pcie_ipc_tune": False, "pin_clocks_mhz": None,
                # --stress [N]: N iterations per backend and mode (N omitted: stress_iterations)
                "stress_iterations": 10000, "stress_backends": ["custom_ar", "symm_mem"],
                "stress_required": [], "stress_sizes": [1, 2, 3, 4, 8, 16], "stress_modes": ["eager", "graph"],

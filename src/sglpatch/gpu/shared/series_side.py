@@ -33,3 +33,15 @@ def installed_python(workdir: Path) -> str | None:
         return install.recorded(Path(workdir))
     except SglpatchError:
         return None
+
+
+def flashinfer_way_back(workdir: Path) -> str | None:
+    """The command that restores the flashinfer set `sglpatch apply --with-flashinfer` replaced,
+    recorded in workdir, or None (nothing recorded, not a workdir, or no GitPython on this box)."""
+    try:
+        from sglpatch import fiset
+        from sglpatch.errors import SglpatchError
+
+        return fiset.recorded_way_back(Path(workdir))
+    except (ImportError, SglpatchError):
+        return None

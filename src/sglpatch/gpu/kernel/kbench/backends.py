@@ -1,7 +1,7 @@
 """Allreduce backends of the worker that come with torch or SGLang: NCCL (and NCCL followed by
 SGLang's separate fused add-RMSNorm, the reference cost for the fused kernels), torch symmetric
 memory, SGLang's custom allreduce (P2's PCIe switch), SGLang's MSCCL++ communicator, the
-self-test backends, and the registry of every backend (flashinfer's are in fi_backends)."""
+self-test backends, and the registry of every backend (flashinfer's are in fi_backends and pcie_ipc)."""
 
 from __future__ import annotations
 
@@ -253,16 +253,18 @@ class SelftestHangBackend(NcclBackend):
 
 def _registry() -> dict:
     from sglpatch.gpu.kernel.kbench import fi_backends as fi
+    from sglpatch.gpu.kernel.kbench import pcie_ipc
 
     classes = (NcclBackend, NcclAddRmsnormBackend, SymmMemBackend, CustomArBackend, MscclppBackend,
-               fi.FlashinferFusedBackend, fi.PcieIpcBackend, fi.B12xOneshotBackend, fi.B12xTwoshotBackend,
+               fi.FlashinferFusedBackend, pcie_ipc.PcieIpcBackend, pcie_ipc.PcieIpcTunedBackend, fi.B12xOneshotBackend, fi.B12xTwoshotBackend,
                fi.B12xFusedBackend, SelftestWrongBackend, SelftestHangBackend)
     return {c.name: c for c in classes}
 
 
 BACKEND_CLASSES = _registry()
-# what the tier runs when the profile names none (the self-test ones never)
-ALL_BACKENDS = [n for n in BACKEND_CLASSES if not n.startswith("selftest_")]
+# what the tier runs when the profile names none (the self-test ones never, nor the tuned leg of
+# PCIe-IPC: a tune is a deliberate step, `[kernel] pcie_ipc_tune = true`)
+ALL_BACKENDS = [n for n in BACKEND_CLASSES if not n.startswith("selftest_") and n != "pcie_ipc_tuned"]
 
 
 def backend_class(name: str, label: str, errors: dict[str, str]):

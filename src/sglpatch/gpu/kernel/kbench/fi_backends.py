@@ -3,10 +3,8 @@ and SGLang 0.5.23's sources (none of them could run where this was written; each
 still checked exactly against the sum of the inputs, i.e. NCCL's result):
 
 - `flashinfer_fused`: `comm.trtllm_allreduce_fusion` (allreduce + residual + RMSNorm, P1's path)
-- `pcie_ipc`: `comm.PcieIpcAllReduceWorkspace` (flashinfer >= 0.7.0), through SGLang's own
-  `PcieIpcCommunicator` (sglang >= 0.5.21: `pcie_ipc_ar.py`) when that imports, else built the
-  way that file builds it: max_numel = widest decode rows x hidden, tune_batches of those rows,
-  tuned once over the CPU group, stream re-bound on a stream change
+- `pcie_ipc`, `pcie_ipc_tuned`: `comm.PcieIpcAllReduceWorkspace` (flashinfer >= 0.7.0) as P5
+  serves it, seed and tuned (kbench/pcie_ipc.py)
 - `b12x_oneshot` / `b12x_fused`: `experimental.b12x.comm.pcie.OneshotAllReduce` (`all_reduce`,
   `all_reduce_fused_add_rms_norm`: at most 36 rows), SM120/SM121 only
 - `b12x_twoshot`: `experimental.b12x.comm.pcie.PCIeTwoShotBF16.all_reduce` (world size 4 only)
@@ -18,18 +16,7 @@ first eager use; the measurement warms every shape up eagerly before any CUDA-gr
 
 from __future__ import annotations
 
-import os
-
 from sglpatch.gpu.kernel.kbench.common import RMS_EPS, Backend, FusedBackend, Unavailable, import_first
-
-
-def _dist_version(name: str) -> str:
-    try:
-        import importlib.metadata as md
-
-        return md.version(name)
-    except Exception:  # noqa: BLE001
-        return "?"
 
 
 class FlashinferFusedBackend(FusedBackend):
@@ -61,96 +48,6 @@ class FlashinferFusedBackend(FusedBackend):
             norm_out=self.norm_outs[k], quant_out=None, scale_out=None, rms_gamma=self.gamma,
             rms_eps=RMS_EPS, scale_factor=None, layout_code=None)
         return k
-
-
-def pcie_ipc_tune_batches(max_rows: int) -> tuple[int, ...]:
-    """SGLang 0.5.23's `_tune_batches`: powers of two up to max_rows, and max_rows itself."""
-    rows = [r for r in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512) if r <= max_rows]
-    if max_rows >= 1 and max_rows not in rows:
-        rows.append(max_rows)
-    return tuple(rows)
-
-
-class PcieIpcBackend(Backend):
-    """flashinfer's PCIe-IPC allreduce as SGLang >= 0.5.21 serves it (SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=1)."""
-
-    name = "pcie_ipc"
-
-    def __init__(self, torch, dist, ctx):
-        super().__init__(torch, dist, ctx)
-        comm = import_first(["flashinfer.comm"])
-        cls = getattr(comm, "PcieIpcAllReduceWorkspace", None)
-        if cls is None:
-            raise Unavailable(f"flashinfer {_dist_version('flashinfer-python')} has no "
-                              "comm.PcieIpcAllReduceWorkspace (needs flashinfer >= 0.7.0)")
-        if ctx.world_size not in (2, 4, 8):
-            raise Unavailable(f"PCIe-IPC builds its channels for 2, 4 or 8 ranks, not {ctx.world_size}")
-        # tune into the run's own folder, never over the server's cache in ~/.cache/flashinfer
-        os.environ["FLASHINFER_AUTOTUNE_DIR"] = os.path.join(ctx.scratch_dir, "flashinfer-autotune")
-        self.max_rows = int(ctx.args.pcie_ipc_max_rows)
-        self.max_numel = self.max_rows * ctx.hidden
-        self.bound = None
-        self.comm = None
-        try:
-            from sglang.srt.distributed.device_communicators.pcie_ipc_ar import PcieIpcCommunicator
-        except Exception:  # noqa: BLE001 — an sglang without pcie_ipc_ar: build it as that file does
-            PcieIpcCommunicator = None
-        if PcieIpcCommunicator is not None:
-            self.how = "SGLang's PcieIpcCommunicator"
-            self.comm = PcieIpcCommunicator(group=dist.group.WORLD, device=ctx.device, cpu_group=ctx.cpu_group)
-            if self.comm.disabled:
-                raise Unavailable("SGLang's PcieIpcCommunicator disabled itself (see the worker log)")
-            self.comm.prepare(hidden=ctx.hidden, max_rows=self.max_rows)  # build + tune, as at server start
-            if self.comm.disabled or self.comm._workspace is None:
-                raise RuntimeError("SGLang's PcieIpcCommunicator could not build its workspace (see the worker log)")
-            self.ws = self.comm._workspace
-            self.max_numel = int(self.comm.max_numel)  # SGLANG_PCIE_IPC_MAX_NUMEL may override it
-            self.max_rows = self.max_numel // ctx.hidden
-        else:
-            self.how = ("flashinfer's workspace, built as sglang 0.5.23's pcie_ipc_ar.py builds it (the one P5 serves on "
-                        "0.5.9 with SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=1)")
-            tuning = import_first(["flashinfer.comm.pcie_ipc_tuning"])
-            self.ws = cls(group=dist.group.WORLD, max_numel=self.max_numel, dtype=torch.bfloat16,
-                          tune_batches=pcie_ipc_tune_batches(self.max_rows),
-                          tune_cache=str(tuning.default_cache_path(ctx.world_size)))
-            if ctx.args.pcie_ipc_tune:
-                self.ws.tune([ctx.hidden], dtype=torch.bfloat16, tune_group=ctx.cpu_group)
-        # resolve every shape now: a shape first seen inside a capture cannot be captured
-        self.ws.prepare([(n, ctx.hidden) for n in ctx.all_rows if n <= self.max_rows], dtype=torch.bfloat16)
-
-    def _should(self, x) -> bool:
-        if self.comm is not None:
-            return bool(self.comm.should_pcie_ipc_ar(x))
-        return x.numel() <= self.max_numel and bool(self.ws.supports(x))
-
-    def _call(self, x):
-        if self.comm is not None:
-            return self.comm.pcie_ipc_all_reduce(x)
-        if self.ctx.is_cuda:  # one workspace serves one stream: move it with the caller (as SGLang does)
-            stream = self.torch.cuda.current_stream()
-            if self.bound is None or stream != self.bound:
-                self.ws.rebind_stream()
-                self.bound = stream
-        return self.ws.all_reduce(x)
-
-    def supports(self, rows):
-        if rows * self.ctx.hidden > self.max_numel:
-            return (f"above the workspace SGLang sizes ({self.max_rows} rows = --cuda-graph-max-bs x draft "
-                    "tokens): served by NCCL there")
-        x = self.probe(rows)
-        return None if self._should(x) else "the workspace's supports() declined this shape"
-
-    def op(self, k):
-        return self._call(self.pristine[k])
-
-    def stress_op(self, x, it):
-        return self._call(x)
-
-    def close(self):
-        if self.comm is not None:
-            self.comm.destroy()
-        else:
-            self.ws.destroy()
 
 
 def b12x_pcie(ctx):
