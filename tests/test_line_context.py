@@ -210,3 +210,37 @@ def test_rough_edges_names_order_and_hints(tmp_path, co):
     for name in ("../x", "--foo"):
         res = _run(tmp_path, co, "status", f"--line={name}")
         assert res.returncode == 2 and "rebase --onto" not in res.stderr and "named by its release" in res.stderr, res.stderr
+
+
+def _state(wd: Path) -> dict:
+    """A workdir as a byte-for-byte witness: every ref, its config, its index and every file's bytes."""
+    files = {p.relative_to(wd).as_posix(): p.read_bytes() for p in sorted(wd.rglob("*")) if p.is_file() and not p.is_symlink()
+             and ".git/objects/" not in p.as_posix()}
+    return {"refs": git(wd, "for-each-ref"), "head": git(wd, "symbolic-ref", "-q", "HEAD"), "files": files}
+
+
+def test_line_makes_each_command_act_on_that_lines_tree_and_nothing_of_the_primarys(tmp_path, co):
+    """--line 0.5.23 on status, check, rebase --dry-run, watch (and a real rebase's refusal): each says
+    which line it used, reads that line's series and tree, and leaves the primary's workdir (and,
+    as they only read, the line's) exactly as it was."""
+    fork, wd = tmp_path / "fork", tmp_path / f"fork-{LINE}"
+    for args in ((), ("--line", LINE)):
+        res = _run(tmp_path, co, "apply", *args, "--source", "sdist", "--no-install")
+        assert res.returncode == 0, res.stderr[-2000:]
+    before, before_line, project = _state(fork), _state(wd), _tree(co)
+    names = [n.split("-")[0] for n in (co / "lines" / LINE / "series").read_text().split() if n.endswith(".patch")]
+    res = _run(tmp_path, co, "status", "--line", LINE)
+    assert res.returncode == 0 and f"line:     {LINE}, from lines/{LINE}/" in res.stdout and str(wd) in res.stdout, res.stdout
+    assert str(fork) + "\n" not in res.stdout and f"{fork} " not in res.stdout
+    res = _run(tmp_path, co, "check", "--line", LINE)
+    assert res.returncode == 0 and f"check: line {LINE} (lines/{LINE}/)" in res.stderr, res.stderr[-2000:]
+    res = _run(tmp_path, co, "rebase", "--line", LINE, "--onto", "0.5.10", "--dry-run")  # the line's 2 patches, not the primary's
+    assert res.returncode == 3 and f"rebase: line {LINE} (lines/{LINE}/), workdir {wd}" in res.stderr, res.stderr[-2000:]
+    assert f"upstream watch: sglang {LINE}" in res.stdout and "0002-" not in res.stdout and all(n in res.stdout for n in names), res.stdout
+    res = _run(tmp_path, co, "rebase", "--line", LINE, "--onto", "0.5.10.post1")  # a real rebase starts from the primary: one line
+    assert res.returncode == 2 and f"not from the line {LINE}; nothing was changed" in res.stderr, res.stderr[-2000:]
+    res = _run(tmp_path, co, "watch", "--line", LINE, "--releases", LINE)
+    assert res.returncode == 0 and f"watch: line {LINE} (lines/{LINE}/)" in res.stderr, res.stderr[-2000:]
+    header = next(ln for ln in res.stdout.splitlines() if ln.startswith("release "))
+    assert header.split() == ["release", *(f"P{int(n)}" for n in names), "verdict"], res.stdout  # P1 P4: the line's columns
+    assert _state(fork) == before and _state(wd) == before_line and _tree(co) == project

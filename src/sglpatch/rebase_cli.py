@@ -5,6 +5,7 @@ it: importing sglpatch.rebase.anything runs the package's __init__."""
 from __future__ import annotations
 
 import argparse
+import sys
 
 from sglpatch import cliargs, exitcodes
 from sglpatch.errors import SglpatchError
@@ -21,6 +22,7 @@ DESCRIPTION = (
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     cliargs.add_workdir(p)
+    cliargs.add_line(p)
     p.add_argument("--onto", metavar="VERSION|TAG|COMMIT", help="target release: 0.5.10.post1, v0.5.10.post1, or a tagged commit (git)")
     p.add_argument(
         "--source", choices=["auto", "git", "sdist", "wheel"], default="sdist",
@@ -59,14 +61,21 @@ def _go(args, rebase) -> int:
         return 0
     if not args.onto:
         raise SglpatchError("--onto VERSION|TAG|COMMIT is required (or --continue / --skip / --abort)", exitcodes.USAGE)
-    project = cliargs.project(args)
+    ctx = cliargs.ctx(args)
     if args.dry_run:
-        wd = cliargs.workdir(args)
-        res = rebase.dry_run(project, wd if wd.exists() else None, args.onto, source=args.source,
+        wd = ctx.workdir  # the line's own tree (its objects are borrowed read-only), never another line's
+        print(f"sglpatch: rebase: {ctx.named()} ({ctx.line.where}), workdir {wd}", file=sys.stderr, flush=True)
+        res = rebase.dry_run(ctx.project, wd if wd.exists() else None, args.onto, source=args.source,
                              commit=args.commit, url=args.upstream_url)
         print("\n".join(res.lines))
         return res.exit_code
-    lines = rebase.start(project, _workdir(args), args.onto, source=args.source, commit=args.commit, url=args.upstream_url,
+    if not ctx.line.primary:
+        raise SglpatchError(f"a rebase writes a new line from the primary series, not from the line {ctx.line.release}; nothing was "
+                            f"changed: `sglpatch rebase --line {ctx.line.release} --onto {args.onto} --dry-run` classifies that line's "
+                            "patches there", exitcodes.USAGE)
+    wd = _workdir(args)
+    print(f"sglpatch: rebase: {ctx.named()}, workdir {wd}", file=sys.stderr, flush=True)
+    lines = rebase.start(ctx.project, wd, args.onto, source=args.source, commit=args.commit, url=args.upstream_url,
                          promote=args.promote)
     print("\n".join(lines))
     return 0

@@ -4,6 +4,7 @@ matrix, is imported only when the command runs)."""
 from __future__ import annotations
 
 import argparse
+import sys
 
 from sglpatch import cliargs, exitcodes
 from sglpatch.errors import SglpatchError
@@ -17,6 +18,7 @@ DESCRIPTION = (
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--project", help=cliargs.PROJECT_HELP)
+    cliargs.add_line(p)
     p.add_argument("--releases", metavar="A..B|A,B", help="only these releases: a range (inclusive; either side may be empty) or a comma-separated list")
     p.add_argument("--json", metavar="FILE", help="also write the matrix as JSON")
     p.add_argument("--markdown", metavar="FILE", help="also write a markdown report")
@@ -31,7 +33,9 @@ def run_args(args) -> int:
 
     if args.jobs is not None and args.jobs < 1:
         raise SglpatchError("--jobs must be 1 or more", exitcodes.USAGE)
-    return watch.main(cliargs.project(args), releases=args.releases, json_out=args.json, md_out=args.markdown,
+    ctx = cliargs.ctx(args)  # --line R: R's series against the releases after R's pin
+    print(f"sglpatch: watch: {ctx.named()} ({ctx.line.where})", file=sys.stderr, flush=True)
+    return watch.main(ctx.project, releases=args.releases, json_out=args.json, md_out=args.markdown,
                       command=args.command_line, jobs=args.jobs, recheck=args.recheck)
 
 
