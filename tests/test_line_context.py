@@ -244,3 +244,22 @@ def test_line_makes_each_command_act_on_that_lines_tree_and_nothing_of_the_prima
     header = next(ln for ln in res.stdout.splitlines() if ln.startswith("release "))
     assert header.split() == ["release", *(f"P{int(n)}" for n in names), "verdict"], res.stdout  # P1 P4: the line's columns
     assert _state(fork) == before and _state(wd) == before_line and _tree(co) == project
+
+
+def test_source_auto_is_one_decision_of_the_context_for_every_command(tmp_path, co):
+    """--source auto: apply and rebase each decided it their own way and check could not take it;
+    now the context decides it once per command by one rule (sglpatch.upstream.choose_source) and
+    says so once, for the line's own pin or a rebase's target."""
+    import re
+
+    src = ROOT / "src" / "sglpatch"
+    deciding = {p.relative_to(src).as_posix() for p in src.rglob("*.py") if re.search(r"\b(choose_source|source_reachable)\(", p.read_text())}
+    assert deciding == {"context.py", "upstream.py"}, deciding
+    lock = co / "lines" / LINE / "upstream.lock"
+    lock.write_text(lock.read_text().replace('url = "https://github.com/sgl-project/sglang"', 'url = "https://127.0.0.1:9/nowhere/sglang"'))
+    res = _run(tmp_path, co, "check", "--line", LINE, "--source", "auto")
+    assert res.returncode == 0 and res.stderr.count("sglpatch: source: sdist (https://127.0.0.1:9/nowhere/sglang ") == 1, res.stderr
+    assert f"the registry's {read_lock(co / 'lines' / LINE).sdist_filename}, as the lock pins it" in res.stderr
+    res = _run(tmp_path, co, "rebase", "--line", LINE, "--onto", "0.5.10", "--dry-run", "--source", "auto")
+    assert res.returncode == 3 and res.stderr.count("sglpatch: source: sdist (") == 1, res.stderr[-2000:]
+    assert "the registry has the sdist of 0.5.10" in res.stderr

@@ -65,7 +65,7 @@ def _go(args, rebase) -> int:
     if args.dry_run:
         wd = ctx.workdir  # the line's own tree (its objects are borrowed read-only), never another line's
         print(f"sglpatch: rebase: {ctx.named()} ({ctx.line.where}), workdir {wd}", file=sys.stderr, flush=True)
-        res = rebase.dry_run(ctx.project, wd if wd.exists() else None, args.onto, source=args.source,
+        res = rebase.dry_run(ctx.project, wd if wd.exists() else None, args.onto, source=_source(ctx, args),
                              commit=args.commit, url=args.upstream_url)
         print("\n".join(res.lines))
         return res.exit_code
@@ -75,10 +75,21 @@ def _go(args, rebase) -> int:
                             "patches there", exitcodes.USAGE)
     wd = _workdir(args)
     print(f"sglpatch: rebase: {ctx.named()}, workdir {wd}", file=sys.stderr, flush=True)
-    lines = rebase.start(ctx.project, wd, args.onto, source=args.source, commit=args.commit, url=args.upstream_url,
+    lines = rebase.start(ctx.project, wd, args.onto, source=_source(ctx, args), commit=args.commit, url=args.upstream_url,
                          promote=args.promote)
     print("\n".join(lines))
     return 0
+
+
+def _source(ctx, args) -> str:
+    """--source for the target release: auto decided by the context (git, else the sdist, else a wheel);
+    a commit or tag that names no release: only git has it."""
+    from sglpatch.rebase.target import onto_release
+
+    rel = onto_release(args.onto)
+    if args.source != "auto":
+        return args.source
+    return ctx.source("auto", args.upstream_url, onto=rel) if rel else "git"
 
 
 def _here(args):

@@ -32,7 +32,7 @@ def _cmd_apply(args) -> int:
                                 "inside it): pass a folder outside it, e.g. --workdir ~/sglang-fork; nothing was changed", exitcodes.USAGE)
         prep = fs = fplan = None
         if args.venv:
-            base = args.python or sys.executable
+            base = ctx.python
             if not args.workdir and line.primary:  # its own tree: the serving venv's editable install must not move under it
                 workdir = linepath.workdir_of(workdir, line.release)
             newvenv.guard_workdir(workdir, base)
@@ -46,23 +46,18 @@ def _cmd_apply(args) -> int:
             if args.dry_run:
                 return 0
         elif not args.no_install:  # before any work: the serving Python keeps its release and can load the tree
-            lineguard.guard_release(args.python or sys.executable, line, ctx.opt, args.other_release, workdir)
-            lineguard.guard_wheel_python(args.python or sys.executable, line, ctx.opt)
+            lineguard.guard_release(ctx.python, line, ctx.opt, args.other_release, workdir)
+            lineguard.guard_wheel_python(ctx.python, line, ctx.opt)
         if args.with_flashinfer and not args.venv:  # into --python: the set is read (and checked), and its plan shown, before any work
             fs = fiset.read(project)
             if args.dry_run:
                 print("dry run: the tree is not built and nothing is installed")
-                print("\n".join(fiset.install_into(args.python or sys.executable, fs, args.installer, dry_run=True)))
+                print("\n".join(fiset.install_into(ctx.python, fs, args.installer, dry_run=True)))
                 return 0
-            fplan = fiset.plan_first(args.python or sys.executable, fs)
+            fplan = fiset.plan_first(ctx.python, fs)
         if args.upstream_url:
             upstream.validate_url(args.upstream_url)
-        source = args.source
-        if source == "auto":
-            lock = read_lock(project)
-            ok, why = upstream.source_reachable(args.upstream_url or lock.url, lock.tag, timeout=args.probe_timeout)
-            source = "git" if ok else "sdist"
-            print(f"sglpatch: source: {source} ({why})", file=sys.stderr)
+        source = ctx.source(args.source, args.upstream_url, args.probe_timeout)
         print(f"sglpatch: {ctx.named()}, workdir {workdir}", file=sys.stderr, flush=True)
 
         def install_step(result) -> None:  # inside the workdir's lock: nothing moves the tree or clears its scratch meanwhile
@@ -76,7 +71,7 @@ def _cmd_apply(args) -> int:
         for p in patches:
             print(f"  {p}")
         if args.with_flashinfer and not prep:
-            _jit_check(args.python or sys.executable, workdir)
+            _jit_check(ctx.python, workdir)
         return 0
     except OSError as e:
         raise cliargs.os_error(e) from None
@@ -87,7 +82,7 @@ def _install(args, ctx, workdir, prep, fs, fplan) -> None:
     if args.with_flashinfer:  # before anything is installed: the tree's own pins must admit the set
         _tree_agrees(workdir, prep.flashinfer if prep else fs)
     if prep:
-        newvenv.create(prep, args.python or sys.executable)
+        newvenv.create(prep, ctx.python)
         print(install.install(workdir, python=str(prep.python), installer=prep.plan.installer, version=lock.version, lock=lock))
         if prep.flashinfer:
             print(fiset.verdict(str(prep.python), prep.flashinfer, prep.plan.installer))
@@ -95,7 +90,7 @@ def _install(args, ctx, workdir, prep, fs, fplan) -> None:
         _venv_summary(prep, args)
     elif not args.no_install:
         print(install.install(workdir, python=args.python, installer=args.installer, version=lock.version, lock=lock))
-        py = args.python or sys.executable
+        py = ctx.python
         if args.with_flashinfer:
             print("\n".join(fiset.install_into(py, fs, args.installer, plan=fplan,
                                                    record=lambda cmd: fiset.record_way_back(workdir, cmd))))
@@ -126,7 +121,7 @@ def _venv_summary(prep, args) -> None:
     have = install.installed_sglang(py)
     print(f"{py} imports sglang {have[1]} from {have[0]}" if have else f"warning: {py} cannot import sglang (a GPU-only dependency may need CUDA: run `{py} -c \"import sglang\"` to see which)")
     print(f"new venv {prep.venv_dir}: {len(prep.plan.packages)} packages (the plan above; recorded in {prep.venv_dir}/sglpatch-plan*)")
-    print(f"serve from it: {py} -m sglang.launch_server ...; the way back: your old interpreter ({args.python or sys.executable}) was not touched")
+    print(f"serve from it: {py} -m sglang.launch_server ...; the way back: your old interpreter ({args.ctx.python}) was not touched")
 
 
 def _cmd_export(args) -> int:
@@ -166,7 +161,7 @@ def _cmd_check(args) -> int:
     ctx = cliargs.ctx(args)
     workdir = ctx.workdir if args.workdir else None
     print(f"sglpatch: check: {ctx.named()} ({ctx.line.where})", file=sys.stderr, flush=True)
-    problems = stack.check(ctx.project, workdir, source=args.source)
+    problems = stack.check(ctx.project, workdir, source=ctx.source(args.source))
     for p in problems:
         print(f"FAIL {p}")
     if problems:
@@ -240,7 +235,8 @@ def register(sub) -> None:
     cliargs.add_workdir(p)
     cliargs.add_line(p)
     p.add_argument(
-        "--source", choices=["git", "sdist"], default="sdist", help="where the pinned upstream tree is taken from: the registry sdist, or git (upstream.url)"
+        "--source", choices=["auto", "git", "sdist"], default="sdist",
+        help="where the pinned upstream tree is taken from: the registry's artifact, git (upstream.url), or auto (git when it answers)"
     )
     p.set_defaults(func=_cmd_check)
 
