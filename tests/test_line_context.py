@@ -263,3 +263,21 @@ def test_source_auto_is_one_decision_of_the_context_for_every_command(tmp_path, 
     res = _run(tmp_path, co, "rebase", "--line", LINE, "--onto", "0.5.10", "--dry-run", "--source", "auto")
     assert res.returncode == 3 and res.stderr.count("sglpatch: source: sdist (") == 1, res.stderr[-2000:]
     assert "the registry has the sdist of 0.5.10" in res.stderr
+
+
+def test_a_rebase_holds_the_workdirs_own_lock_as_every_change_does(tmp_path, co):
+    """The rebase (and bisect) took only .git/sglpatch.lock by hand; now each holds the workdir
+    object's lock (the folder's and that file, as apply's transaction): a second command is told
+    by the one owner of DIR's lock that another command works there, and changes nothing."""
+    fork = tmp_path / "fork"
+    res = _run(tmp_path, co, "apply", "--source", "sdist", "--no-install")
+    assert res.returncode == 0, res.stderr[-2000:]
+    head = git(fork, "rev-parse", "patched")
+    proc, _ = _paused(tmp_path, co, "rebase:upstream", "rebase", "--onto", "0.5.10", "--workdir", str(fork))
+    try:
+        res = _run(tmp_path, co, "apply", "--source", "sdist", "--no-install", "--force")
+        assert res.returncode == 1 and f"another sglpatch command is working on {fork} (setting it up, installing, exporting, rebasing" in res.stderr
+        assert "is locked" not in res.stderr and git(fork, "rev-parse", "patched") == head, res.stderr
+    finally:
+        proc.kill()
+        proc.communicate()

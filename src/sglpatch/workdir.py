@@ -83,8 +83,8 @@ class Workdir:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
-                raise SglpatchError(f"another sglpatch command is working on {self.path} (setting it up or installing it); "
-                                    "wait for it to finish, then re-run") from None
+                raise SglpatchError(f"another sglpatch command is working on {self.path} (setting it up, installing, exporting, "
+                                    "rebasing or bisecting it); wait for it to finish, then re-run") from None
             yield
         finally:
             os.close(fd)
@@ -97,6 +97,13 @@ class Workdir:
             with exclusive(lockfile(git), str(git.workdir)):
                 clear_scratch(git)  # left by a killed run
                 yield git
+
+    @contextmanager
+    def hold(self, git: Git):
+        """DIR's lock, the same two a transaction takes, for a command that opened DIR and read it
+        first (a rebase's state, a bisect's range): the scratch is the caller's to clear."""
+        with self._dir_lock(create=False), exclusive(lockfile(git), str(git.workdir)):
+            yield git
 
 
 # --------------------------------------------------------------------------------------

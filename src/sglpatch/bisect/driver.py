@@ -22,11 +22,11 @@ from sglpatch.bisect.model import BisectError, BisectResult, Step, log2_steps, r
 from sglpatch.bisect.report import format_report, write_log
 from sglpatch.bisect.step import raise_interrupt, restore_tracked
 from sglpatch.errors import SglpatchError
-from sglpatch.fsutil import clean_stale_tmp, exclusive, tmp_prefix
+from sglpatch.fsutil import clean_stale_tmp, tmp_prefix
 from sglpatch.gitcmd import Git, last_line, validate_ref
 from sglpatch.project import Project, find_project
 from sglpatch.series import parse_dep3, slug
-from sglpatch.workdir import PATCHED_BRANCH, UPSTREAM_BRANCH, edits, line_opt, lockfile, open_workdir
+from sglpatch.workdir import PATCHED_BRANCH, UPSTREAM_BRANCH, Workdir, edits, line_opt, open_workdir
 
 
 def _series_map(git: Git, project_root: Path | None) -> tuple[dict[str, dict], str | None, int]:
@@ -191,7 +191,7 @@ def run(
             project_root = find_project()
         except SglpatchError:
             project_root = None
-    with exclusive(lockfile(git), str(git.workdir)):
+    with Workdir(git.workdir).hold(git):
         _guard(git)
         good_sha, bad_sha = _resolve(git, good, "good"), _resolve(git, bad, "bad")
         if good_sha == bad_sha:
