@@ -281,3 +281,16 @@ def test_a_rebase_holds_the_workdirs_own_lock_as_every_change_does(tmp_path, co)
     finally:
         proc.kill()
         proc.communicate()
+
+
+def test_an_error_in_a_lines_series_names_that_lines_file(tmp_path, co):
+    """A bad entry on line 6 of lines/0.5.23/series was reported as `series:6` (the primary's file)."""
+    series = co / "lines" / LINE / "series"
+    text = series.read_text().splitlines()
+    assert len(text) == 5  # three comment lines, P1, P4
+    series.write_text("\n".join([*text, text[3] + " -p2"]) + "\n")
+    res = _run(tmp_path, co, "check", "--line", LINE)
+    assert res.returncode != 0 and f"lines/{LINE}/series:6: unknown option '-p2'" in res.stderr.strip().splitlines()[-1], res.stderr
+    (co / "series").write_text((co / "series").read_text() + "0001-sm120-flashinfer-allreduce-fusion.patch\n")  # the primary: series:N
+    res = _run(tmp_path, co, "check")
+    assert res.returncode != 0 and f"series:{len((co / 'series').read_text().splitlines())}: " in res.stderr and "lines/" not in res.stderr
