@@ -150,7 +150,11 @@ def test_a_python_serving_another_release_or_another_cpython_is_refused_before_a
     shim.chmod(0o755)
     res = _run(tmp_path, co, "apply", "--line", LINE, "--source", "sdist", "--python", str(shim))
     assert res.returncode == 2 and "(CPython 3.11 only)" in res.stderr and "(Python 3.12)" in res.stderr, res.stderr[-2000:]
+    assert f"(the package index has sglang-{LINE}-cp312-cp312-manylinux_2_34_x86_64.whl, sha256 " in res.stderr  # it says what exists
     assert not (tmp_path / f"fork-{LINE}").exists()
+    shim.write_text(shim.read_text().replace("cp312", "cp39"))  # a Python the release has no wheel for: says so
+    res = _run(tmp_path, co, "apply", "--line", LINE, "--source", "sdist", "--python", str(shim))
+    assert res.returncode == 2 and f"the package index has no sglang {LINE} wheel for Python 3.9 either" in res.stderr, res.stderr[-2000:]
 
 
 def _paused(tmp_path, co, step, *args, env_extra=None):

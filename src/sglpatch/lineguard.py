@@ -73,8 +73,21 @@ def guard_wheel_python(python: str, line, opt: str) -> None:
     raise SglpatchError(
         f"the line {line.release} pins {line.lock.sdist_filename} (CPython {ver(want)} only): its tree's compiled extensions "
         f"(*.cpython-{want[2:]}-*.so) do not load in {python} (Python {ver(facts[2])}), and {line.where}upstream.lock carries no "
-        f"wheel for Python {ver(facts[2])}; nothing was changed: install into a Python {ver(want)} "
+        f"wheel for Python {ver(facts[2])} ({_offered(line, facts[2], ver(facts[2]))}); nothing was changed: install into a Python {ver(want)} "
         f"(`sglpatch apply{opt} --python PY{ver(want)}` or `--venv NEWDIR --python PY{ver(want)}`)", exitcodes.USAGE)
+
+
+def _offered(line, cp: str, v: str) -> str:
+    """Whether the index has the line's release for that CPython (the wheel a line would need there)."""
+    from sglpatch import pkgindex
+
+    try:
+        art = pkgindex.wheel_for(line.lock.name, line.release, cp)
+    except SglpatchError as e:
+        return f"the package index could not be asked: {e}"
+    if art is None:
+        return f"the package index has no {line.lock.name} {line.release} wheel for Python {v} either"
+    return f"the package index has {art.filename}, sha256 {art.sha256[:12]}..., but a line installs only the wheel its lock pins"
 
 
 def guard_pin(git, project_root: Path) -> None:

@@ -251,6 +251,13 @@ def choose(name: str, version: str, kind: str) -> Artifact | None:
     return cands[0] if cands else None
 
 
+def wheel_for(name: str, version: str, cp: str, platform: str = WHEEL_PLATFORM) -> Artifact | None:
+    """The index's CPython-cp (e.g. cp312) wheel of version for platform, with its sha256; None when
+    the index offers none."""
+    return next((a for a in index_files(name) if a.version == version and a.kind == "wheel"
+                 and a.filename[:-4].split("-")[-3:] == [cp, cp, platform] and re.fullmatch(r"[0-9a-f]{64}", a.sha256)), None)
+
+
 def kinds_offered(name: str, version: str) -> list[str]:
     return [k for k in ("sdist", "wheel") if choose(name, version, k) is not None]
 
