@@ -298,3 +298,17 @@ def test_an_error_in_a_lines_series_names_that_lines_file(tmp_path, co):
     (co / "series").write_text((co / "series").read_text() + "0001-sm120-flashinfer-allreduce-fusion.patch\n")  # the primary: series:N
     res = _run(tmp_path, co, "check")
     assert res.returncode != 0 and f"series:{len((co / 'series').read_text().splitlines())}: " in res.stderr and "lines/" not in res.stderr
+
+
+def test_mutants_builds_the_committed_lines_tree_through_the_context(tmp_path, capfd):
+    """tests/mutants.py replayed a rebase to get the 0.5.23 tree; it now builds the committed line
+    (lines/0.5.23/) as `apply --line` does, resolved by the context, says which line, and every
+    0.5.23 mutant applies there."""
+    import mutants
+
+    from sglpatch.series import read_series
+
+    tree = mutants.build_tree(LINE, tmp_path / LINE)
+    assert f"mutants: line {LINE} (lines/{LINE}/), tree {tmp_path / LINE / 'wd'}" in capfd.readouterr().err
+    subjects = git(tree, "log", "--reverse", "--format=%s", "upstream..patched").splitlines()
+    assert len(subjects) == len(read_series(ROOT / "lines" / LINE).names) and mutants.check(LINE, tree) == []
