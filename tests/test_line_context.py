@@ -243,6 +243,8 @@ def test_line_makes_each_command_act_on_that_lines_tree_and_nothing_of_the_prima
     assert f"upstream watch: sglang {LINE}" in res.stdout and "0002-" not in res.stdout and all(n in res.stdout for n in names), res.stdout
     res = _run(tmp_path, co, "rebase", "--line", LINE, "--onto", "0.5.10.post1")  # a real rebase starts from the primary: one line
     assert res.returncode == 2 and f"not from the line {LINE}; nothing was changed" in res.stderr, res.stderr[-2000:]
+    res = _run(tmp_path, co, "rebase", "--line", LINE, "--continue")  # --line names a new rebase's series, never a resumed one
+    assert res.returncode == 2 and "--line go with a new rebase" in res.stderr, res.stderr[-2000:]
     res = _run(tmp_path, co, "watch", "--line", LINE, "--releases", LINE)
     assert res.returncode == 0 and f"watch: line {LINE} (lines/{LINE}/)" in res.stderr, res.stderr[-2000:]
     header = next(ln for ln in res.stdout.splitlines() if ln.startswith("release "))

@@ -16,7 +16,8 @@ DESCRIPTION = (
     "resolutions, stop resumably at a conflict. --dry-run (the upstream watch) exits 0 when the rebase would "
     "need nobody (also for work it does unattended) and 3 when a human is needed. The result goes to "
     "lines/VERSION/ (--promote: over the primary series, patches/ and upstream.lock); without --workdir a real "
-    "rebase works in the line's own workdir ($SGLANG_FORK_DIR or ~/sglang-fork, with -VERSION appended)."
+    "rebase works in the line's own workdir ($SGLANG_FORK_DIR or ~/sglang-fork, with -VERSION appended). "
+    "--line R --dry-run classifies the line R's patches (lines/R/) instead of the primary's."
 )
 
 
@@ -51,8 +52,9 @@ def run_args(args) -> int:
 
 def _go(args, rebase) -> int:
     if args.cont or args.skip or args.abort:
-        if args.onto or args.promote:
-            raise SglpatchError("--onto and --promote go with a new rebase, not with --continue/--skip/--abort", exitcodes.USAGE)
+        if args.onto or args.promote or args.line:
+            raise SglpatchError("--onto, --promote and --line go with a new rebase, not with --continue/--skip/--abort "
+                                "(those find the rebase in progress: --workdir DIR names it)", exitcodes.USAGE)
         if args.abort:
             lines = rebase.abort(_resuming(args), _here(args))
         else:

@@ -12,7 +12,8 @@ from sglpatch.errors import SglpatchError
 HELP = "upstream watch over every release after the pin: per-patch status matrix and dependency pins"
 DESCRIPTION = (
     "One row per release after the pin, one column per patch, and each release's dependency pins. "
-    "Exit 0 when the newest release needs nothing or only unattended work, 3 when it needs a human."
+    "Exit 0 when the newest release needs nothing or only unattended work, 3 when it needs a human. "
+    "--line R: the line R's series (lines/R/) against the releases after R's pin."
 )
 
 
