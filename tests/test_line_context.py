@@ -126,10 +126,12 @@ def test_every_python_that_imports_a_tree_guards_it_and_advice_keeps_the_line(tm
     assert res.returncode == 1 and f"is not set up yet; run `sglpatch apply --line {LINE} --workdir {tmp_path}/gone-{LINE}" in res.stderr
 
 
-def test_a_python_serving_another_release_or_another_cpython_is_refused_before_any_work(tmp_path, co):
+def test_a_python_serving_another_release_is_refused_and_another_cpython_gets_its_own_wheel(tmp_path, co):
     """Fault 7: apply --line 0.5.23 into a Python serving 0.5.9 installed it --no-deps over 0.5.9's
     dependencies, exit 0; now refused (one line) unless --venv or --other-release, and the mirror.
-    Fault 8: the line's cp311 wheel tree into a Python 3.12 is refused, naming the Python it needs."""
+    Fault 8: the line's cp311 wheel tree into a Python 3.12 was installed, unloadable: the release's
+    own cp312 wheel (the index's, hash-checked, its sources the lock's) now supplies the compiled
+    extensions; a Python with no wheel on the index (3.9) is refused before any work, saying so."""
     serve = make_venv(tmp_path / "serve")
     _fake_sglang(serve, read_lock(co).version)
     res = _run(tmp_path, co, "apply", "--line", LINE, "--source", "sdist", "--python", str(serve))
@@ -140,21 +142,28 @@ def test_a_python_serving_another_release_or_another_cpython_is_refused_before_a
     _fake_sglang(other, LINE)
     res = _run(tmp_path, co, "apply", "--source", "sdist", "--python", str(other))  # the mirror case
     assert res.returncode == 2 and f"serves sglang {LINE}, not {read_lock(co).version}" in res.stderr
+    v312 = make_venv(tmp_path / "v312")  # a Python 3.12 as far as apply's probe asks (no 3.12 here); the rest is a scratch venv
     shim = tmp_path / "py312"
     shim.write_text(textwrap.dedent(f"""\
         #!/bin/bash
-        # a Python 3.12 as far as apply's probe asks (no 3.12 on the test machine)
-        if [[ "$*" == *"importlib.metadata as m, importlib.util"* ]]; then printf '\\n\\ncp312\\n'; exit 0; fi
-        exec {sys.executable} "$@"
+        if [[ "$*" == *"importlib.metadata as m, importlib.util"* ]]; then printf '\\n\\ncp39\\n'; exit 0; fi
+        exec {v312} "$@"
         """))
     shim.chmod(0o755)
-    res = _run(tmp_path, co, "apply", "--line", LINE, "--source", "sdist", "--python", str(shim))
-    assert res.returncode == 2 and "(CPython 3.11 only)" in res.stderr and "(Python 3.12)" in res.stderr, res.stderr[-2000:]
-    assert f"(the package index has sglang-{LINE}-cp312-cp312-manylinux_2_34_x86_64.whl, sha256 " in res.stderr  # it says what exists
-    assert not (tmp_path / f"fork-{LINE}").exists()
-    shim.write_text(shim.read_text().replace("cp312", "cp39"))  # a Python the release has no wheel for: says so
-    res = _run(tmp_path, co, "apply", "--line", LINE, "--source", "sdist", "--python", str(shim))
-    assert res.returncode == 2 and f"the package index has no sglang {LINE} wheel for Python 3.9 either" in res.stderr, res.stderr[-2000:]
+    res = _run(tmp_path, co, "apply", "--line", LINE, "--source", "sdist", "--python", str(shim))  # a Python the release has no wheel for
+    assert res.returncode == 2 and "(CPython 3.11 only)" in res.stderr and "(Python 3.9)" in res.stderr, res.stderr[-2000:]
+    assert f"the package index has no sglang {LINE} wheel for Python 3.9 either" in res.stderr and not (tmp_path / f"fork-{LINE}").exists()
+    shim.write_text(shim.read_text().replace("cp39", "cp312"))
+    res = _run(tmp_path, co, "apply", "--line", LINE, "--source", "sdist", "--python", str(shim), "--installer", "pip")
+    assert res.returncode == 0, res.stderr[-3000:]
+    from sglpatch import pkgindex
+
+    art = pkgindex.wheel_for("sglang", LINE, "cp312")  # the index's own entry: the file taken is checked against its sha256
+    assert art.filename == f"sglang-{LINE}-cp312-cp312-manylinux_2_34_x86_64.whl"
+    assert "for Python 3.12: " in res.stderr and f" compiled extension(s) of {art.filename} (sha256 {art.sha256}, the index's)" in res.stderr
+    wd = tmp_path / f"fork-{LINE}"
+    assert list(wd.rglob("*.cpython-312-x86_64-linux-gnu.so")) and list(wd.rglob("*.cpython-311-x86_64-linux-gnu.so"))
+    assert git(wd, "status", "--porcelain") == "" and f"installed sglang {LINE} editable from {wd / 'python'}" in res.stdout
 
 
 def _paused(tmp_path, co, step, *args, env_extra=None):
@@ -314,3 +323,17 @@ def test_mutants_builds_the_committed_lines_tree_through_the_context(tmp_path, c
     assert f"mutants: line {LINE} (lines/{LINE}/), tree {tmp_path / LINE / 'wd'}" in capfd.readouterr().err
     subjects = git(tree, "log", "--reverse", "--format=%s", "upstream..patched").splitlines()
     assert len(subjects) == len(read_series(ROOT / "lines" / LINE).names) and mutants.check(LINE, tree) == []
+
+
+def test_the_wheel_for_another_python_must_carry_the_locks_sources(tmp_path):
+    """The cp312 wheel supplies only compiled extensions: a file the lock pins that differs there
+    refuses it, and nothing is written beside the tree."""
+    from sglpatch import lineguard, lines
+    from sglpatch.errors import SglpatchError
+
+    ln = lines.find(ROOT, LINE)
+    rel = next(iter(ln.lock.blobs))
+    ln.lock.blobs = {rel: "0" * 40}  # in memory only
+    with pytest.raises(SglpatchError, match=rf"cp312-cp312-manylinux_2_34_x86_64.whl: {rel} is not the file lines/{LINE}/upstream.lock pins"):
+        lineguard.compiled_for(tmp_path, ln, "cp312", sys.executable)
+    assert not any(tmp_path.rglob("*"))

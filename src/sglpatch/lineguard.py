@@ -62,32 +62,69 @@ def wheel_python(line) -> str | None:
     return m.group(1) if m and line.lock.artifact_kind == "wheel" and m.group(2) != "abi3" else None
 
 
-def guard_wheel_python(python: str, line, opt: str) -> None:
-    """Refuse to install a tree taken from a cpXY wheel into a Python of another version: its
-    compiled extensions (*.cpython-XY-*.so) would not load there."""
+def guard_wheel_python(python: str, line, opt: str) -> str | None:
+    """A tree taken from a cpXY wheel carries compiled extensions (*.cpython-XY-*.so) for CPython XY
+    only: for a Python of another version, the cpZW (e.g. cp312) its extensions are to be taken for
+    (the release's own cpZW wheel on the index, sglpatch.lineguard.compiled_for, at the install);
+    None when nothing is needed. Refused before any work when the index has no such wheel."""
     want = wheel_python(line)
     facts = probe(python) if want else None
     if not want or facts is None or facts[2] == want:
-        return
+        return None
     ver = lambda tag: f"{tag[2]}.{tag[3:]}"  # noqa: E731
+    art, offered = _offered(line, facts[2], ver(facts[2]))
+    if art is not None:
+        return facts[2]
     raise SglpatchError(
         f"the line {line.release} pins {line.lock.sdist_filename} (CPython {ver(want)} only): its tree's compiled extensions "
         f"(*.cpython-{want[2:]}-*.so) do not load in {python} (Python {ver(facts[2])}), and {line.where}upstream.lock carries no "
-        f"wheel for Python {ver(facts[2])} ({_offered(line, facts[2], ver(facts[2]))}); nothing was changed: install into a Python {ver(want)} "
+        f"wheel for Python {ver(facts[2])} ({offered}); nothing was changed: install into a Python {ver(want)} "
         f"(`sglpatch apply{opt} --python PY{ver(want)}` or `--venv NEWDIR --python PY{ver(want)}`)", exitcodes.USAGE)
 
 
-def _offered(line, cp: str, v: str) -> str:
-    """Whether the index has the line's release for that CPython (the wheel a line would need there)."""
+def _offered(line, cp: str, v: str):
+    """(the index's wheel of the line's release for that CPython, or None; the words for a refusal)."""
     from sglpatch import pkgindex
 
     try:
         art = pkgindex.wheel_for(line.lock.name, line.release, cp)
     except SglpatchError as e:
-        return f"the package index could not be asked: {e}"
+        return None, f"the package index could not be asked: {e}"
+    return art, f"the package index has no {line.lock.name} {line.release} wheel for Python {v} either"
+
+
+def compiled_for(workdir: Path, line, cp: str, python: str) -> str:
+    """The release's own cp wheel (the index's, checked against the index's sha256) supplies the
+    compiled extensions for that CPython beside the line's tree: its sources must be the lock's
+    (every blob the lock records), and its *.cpython-XY-*.so files are written untracked (git ignores
+    *.so in DIR) next to the pinned wheel's. Inside apply's transaction, before the install."""
+    import hashlib
+    import zipfile
+
+    from sglpatch import artifacts, pkgindex
+
+    lock, v = line.lock, f"{cp[2]}.{cp[3:]}"
+    art = pkgindex.wheel_for(lock.name, line.release, cp)
     if art is None:
-        return f"the package index has no {line.lock.name} {line.release} wheel for Python {v} either"
-    return f"the package index has {art.filename}, sha256 {art.sha256[:12]}..., but a line installs only the wheel its lock pins"
+        raise SglpatchError(f"the package index has no {lock.name} {line.release} wheel for Python {v}; nothing was installed")
+    path = artifacts.fetch_verified(lock.name, line.release, art, python, py_version=v)
+    so = re.compile(rf"^sglang/[^\\]*\.cpython-{cp[2:]}-[^/]*\.so$")
+    with zipfile.ZipFile(path) as zf:
+        names = set(zf.namelist())
+        for rel, blob in lock.blobs.items():
+            member = rel.removeprefix(f"{lock.sdist_subdir}/")
+            data = zf.read(member) if member in names else None
+            got = hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest() if data is not None else "missing"
+            if got != blob:
+                raise SglpatchError(f"{art.filename}: {rel} is not the file {line.where}upstream.lock pins ({got[:12]}, not {blob[:12]}); "
+                                    "its compiled extensions are not taken; nothing was installed")
+        taken = [n for n in sorted(names) if so.match(n) and ".." not in n.split("/")]
+        for n in taken:
+            out = Path(workdir) / lock.sdist_subdir / n
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_bytes(zf.read(n))
+    return (f"the line {line.release} pins {lock.sdist_filename}; for Python {v}: {len(taken)} compiled extension(s) of {art.filename} "
+            f"(sha256 {art.sha256}, the index's) beside its tree, untracked; its sources are the lock's")
 
 
 def guard_pin(git, project_root: Path) -> None:

@@ -47,7 +47,7 @@ def _cmd_apply(args) -> int:
                 return 0
         elif not args.no_install:  # before any work: the serving Python keeps its release and can load the tree
             lineguard.guard_release(ctx.python, line, ctx.opt, args.other_release, workdir)
-            lineguard.guard_wheel_python(ctx.python, line, ctx.opt)
+            args.compiled_for = lineguard.guard_wheel_python(ctx.python, line, ctx.opt)  # the cpXY to take extensions for
         if args.with_flashinfer and not args.venv:  # into --python: the set is read (and checked), and its plan shown, before any work
             fs = fiset.read(project)
             if args.dry_run:
@@ -89,6 +89,8 @@ def _install(args, ctx, workdir, prep, fs, fplan) -> None:
         newvenv.mark_complete(prep)
         _venv_summary(prep, args)
     elif not args.no_install:
+        if getattr(args, "compiled_for", None):  # the line's wheel is another CPython's: the release's own for this one
+            say(lineguard.compiled_for(workdir, ctx.line, args.compiled_for, ctx.python))
         print(install.install(workdir, python=args.python, installer=args.installer, version=lock.version, lock=lock))
         py = ctx.python
         if args.with_flashinfer:
