@@ -38,7 +38,6 @@ set -euo pipefail
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 if wants_help "$@"; then help_text; exit 0; fi
 check_values apply.sh "$@"
-WORKDIR="${SGLANG_FORK_DIR:-$HOME/sglang-fork}"
 WORKDIR_GIVEN=()
 LINE=()
 SOURCE=auto
@@ -49,12 +48,12 @@ VENV=""
 EXTRA=()
 while [ $# -gt 0 ]; do
   case "$1" in
-    --workdir) WORKDIR="$2"; WORKDIR_GIVEN=(--workdir "$2"); shift 2 ;;
+    --workdir) WORKDIR_GIVEN=(--workdir "$2"); shift 2 ;;
     --python) PY="$2"; shift 2 ;;
     --line) LINE=(--line "$2"); shift 2 ;;
-    --line=*) LINE=(--line "${1#*=}"); shift ;;
+    --line=*) LINE=("$1"); shift ;;  # sglpatch refuses an empty one
     --source) SOURCE="$2"; shift 2 ;;
-    --workdir=*) WORKDIR="${1#*=}"; WORKDIR_GIVEN=(--workdir "$WORKDIR"); shift ;;
+    --workdir=*) WORKDIR_GIVEN=("$1"); shift ;;
     --python=*) PY="${1#*=}"; shift ;;
     --source=*) SOURCE="${1#*=}"; shift ;;
     --with-flashinfer) WITH_FLASHINFER=1; EXTRA+=("$1"); shift ;;
@@ -63,7 +62,7 @@ while [ $# -gt 0 ]; do
     --release-artifact|--cuda) EXTRA+=("$1" "$2"); shift 2 ;;
     --release-artifact=*|--cuda=*|--dry-run) EXTRA+=("$1"); shift ;;
     --no-install) NO_INSTALL=1; EXTRA+=("$1"); shift ;;
-    --force) EXTRA+=("$1"); shift ;;
+    --force|--other-release) EXTRA+=("$1"); shift ;;
     *) echo "apply.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -83,10 +82,6 @@ if [ "$WITH_FLASHINFER" = 1 ] && [ "$NO_INSTALL" = 1 ]; then
   exit 2
 fi
 PY_ARG=(); [ -n "$PY" ] && PY_ARG=(--python "$PY")
-PRIMARY="$(sed -n 's/^version = "\(.*\)"$/\1/p' "$SGLPATCH_HOME/upstream.lock" | head -n 1)"
-if [ ${#LINE[@]} -gt 0 ] && [ ${#WORKDIR_GIVEN[@]} -eq 0 ] && [ "${LINE[1]#v}" != "$PRIMARY" ]; then
-  WORKDIR="$WORKDIR-${LINE[1]#v}"  # the line's own workdir (sglpatch.lines.default_workdir)
-fi
 
 if [ -n "$VENV" ]; then
   echo "apply.sh: new venv $VENV from python ${PY:-python3}, source $SOURCE" >&2
@@ -95,9 +90,10 @@ if [ -n "$VENV" ]; then
   exec "$TOOL_PY" -m sglpatch apply --project "$SGLPATCH_HOME" ${LINE[@]+"${LINE[@]}"} ${WORKDIR_GIVEN[@]+"${WORKDIR_GIVEN[@]}"} --source "$SOURCE" \
     ${PY_ARG[@]+"${PY_ARG[@]}"} --venv "$VENV" ${EXTRA[@]+"${EXTRA[@]}"}
 fi
-if [ "$NO_INSTALL" = 1 ]; then echo "apply.sh: workdir $WORKDIR, source $SOURCE; --no-install: nothing is installed anywhere" >&2
-elif [ "$WITH_FLASHINFER" = 1 ]; then echo "apply.sh: python $PY (gets the patched sglang and deps/flashinfer.toml's flashinfer set), workdir $WORKDIR, source $SOURCE" >&2
-else echo "apply.sh: python $PY (gets only the patched sglang), workdir $WORKDIR, source $SOURCE" >&2; fi
+# the line and its workdir are resolved by sglpatch (sglpatch.context), which prints them
+if [ "$NO_INSTALL" = 1 ]; then echo "apply.sh: source $SOURCE; --no-install: nothing is installed anywhere" >&2
+elif [ "$WITH_FLASHINFER" = 1 ]; then echo "apply.sh: python $PY (gets the patched sglang and deps/flashinfer.toml's flashinfer set), source $SOURCE" >&2
+else echo "apply.sh: python $PY (gets only the patched sglang), source $SOURCE" >&2; fi
 tool_python
-"$TOOL_PY" -m sglpatch apply --project "$SGLPATCH_HOME" ${LINE[@]+"${LINE[@]}"} --workdir "$WORKDIR" --source "$SOURCE" \
+"$TOOL_PY" -m sglpatch apply --project "$SGLPATCH_HOME" ${LINE[@]+"${LINE[@]}"} ${WORKDIR_GIVEN[@]+"${WORKDIR_GIVEN[@]}"} --source "$SOURCE" \
   ${PY_ARG[@]+"${PY_ARG[@]}"} ${EXTRA[@]+"${EXTRA[@]}"}

@@ -5,7 +5,8 @@
 #   scripts/bisect.sh --triage -- scripts/regress.sh --tier kernel
 #   scripts/bisect.sh --triage --timeout 3600 -- scripts/regress.sh --tier server
 #
-# Workdir: --workdir DIR, else $SGLANG_FORK_DIR, else ~/sglang-fork; project: this checkout.
+# Workdir: --workdir DIR, else the line's own: $SGLANG_FORK_DIR (else ~/sglang-fork), with -RELEASE
+# appended for --line RELEASE (sglpatch resolves it); project: this checkout.
 # CMD: 0 good, 125 skip (cannot run here), other bad.
 # Exit: 0 a conclusion (first bad patch / upstream / no regression), 1 open (skips) or error, 130 Ctrl-C.
 set -euo pipefail
@@ -22,6 +23,5 @@ have_opt() {  # only the options before "--" belong to sglpatch; the rest is CMD
   done
   return 1
 }
-if ! have_opt --workdir; then args=(--workdir "${SGLANG_FORK_DIR:-$HOME/sglang-fork}" "${args[@]}"); fi
 if ! have_opt --project; then args=(--project "$SGLPATCH_HOME" "${args[@]}"); fi  # this checkout, from any cwd
 sglpatch_cmd bisect "${args[@]}"

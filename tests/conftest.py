@@ -100,7 +100,7 @@ END_TO_END = {
     "test_jitcheck.py",
     # real installs, applies from the cache and rebase faults too (1.6 min -> 5 min for --quick with them in)
     "test_failure_modes_3.py", "test_failure_modes_4.py", "test_flashinfer_set.py", "test_install_wheel_tree.py", "test_rebase_tree_check.py",
-    "test_unpack.py",
+    "test_unpack.py", "test_line_context.py",
 }
 
 
@@ -121,6 +121,7 @@ COST = {  # CPU seconds per file: a fresh-clone run of the suite after the CLI z
     "test_kernel_stress.py": 44, "test_unpack.py": 35, "test_apply_cli.py": 34, "test_venv_preflight.py": 30,
     "test_bisect.py": 27, "test_install_wheel_tree.py": 24, "test_cli_first_contact.py": 18, "test_rebase_tree_check.py": 17,
     "test_flashinfer_set.py": 17, "test_formatters.py": 15, "test_failure_modes_3.py": 11, "test_failure_modes_4.py": 14, "test_zygote.py": 9,
+    "test_line_context.py": 31,
     "test_mergecheck.py": 8, "test_doctor_procs.py": 6, "test_doctor_pidns.py": 6,
     PATCH_TESTS: 48,  # tests/patches/, one group: one patched venv and one zygote, not one per worker
 }

@@ -71,25 +71,21 @@ def pytest_cmd(line: str, tree: Path, tests: list[str]) -> tuple[list[str], dict
 
 
 def build_tree(line: str, top: Path) -> Path:
-    """The committed series on 0.5.9 (sglpatch apply), or replayed onto 0.5.23 (rebase.sh); src/ for the tool."""
+    """The committed line's patched tree, as `sglpatch apply --line` builds it (the line and its tree
+    resolved by sglpatch.context: lines/0.5.23/ on its pin, the primary on 0.5.9); src/ for the tool."""
     if line == "tool":
         shutil.copytree(ROOT / "src", top / "src", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
         return top
     sys.path.insert(0, str(ROOT / "src"))
     from conftest import copy_project
 
-    from sglpatch import stack
+    from sglpatch import context, stack
 
     project = copy_project(top / "project")
-    workdir = top / "wd"
-    stack.apply(project, workdir, source="sdist")
-    if line == "0.5.23":
-        env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
-        proc = subprocess.run(["bash", str(ROOT / "scripts/rebase.sh"), "--workdir", str(workdir), "--project", str(project),
-                               "--onto", "0.5.23"], capture_output=True, text=True, env=env)
-        if proc.returncode != 0:
-            raise SystemExit(f"mutants: error: rebase.sh --onto 0.5.23 failed: {proc.stderr.strip()[-300:]}")
-    return workdir
+    ctx = context.resolve(argparse.Namespace(project=str(project), line=None if line == "0.5.9" else line, workdir=str(top / "wd")))
+    print(f"mutants: {ctx.named()} ({ctx.line.where}), tree {ctx.workdir}", file=sys.stderr, flush=True)
+    stack.apply(ctx.project, ctx.workdir, source="sdist")
+    return ctx.workdir
 
 
 def copy_tree(line: str, tree: Path, dest: Path) -> None:

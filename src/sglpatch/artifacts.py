@@ -44,6 +44,15 @@ def fetch(name: str, version: str, kind: str, python: str | None = None, expect_
         raise ArtifactError(f"the index publishes no sha256 for {art.filename}; refusing to use it unverified")
     if expect_sha256 and expect_sha256 != art.sha256:
         raise ArtifactError(f"{art.filename}: the recorded sha256 {expect_sha256} is not the one the index publishes ({art.sha256})")
+    return art, fetch_verified(name, version, art, python)
+
+
+def fetch_verified(name: str, version: str, art: Artifact, python: str | None = None, py_version: str = WHEEL_PY) -> Path:
+    """art (an index entry with its sha256) from the cache or downloaded with pip (a wheel for CPython
+    py_version), checked against the index's sha256 either way."""
+    kind = art.kind
+    if not re.fullmatch(r"[0-9a-f]{64}", art.sha256):
+        raise ArtifactError(f"the index publishes no sha256 for {art.filename}; refusing to use it unverified")
     cdir = cache_dir() / kind
     target = cdir / art.filename
     if target.exists():
@@ -53,12 +62,12 @@ def fetch(name: str, version: str, kind: str, python: str | None = None, expect_
                 f"cached {target} has sha256 {got}, not {art.sha256} as the index publishes for {art.filename}; "
                 "delete it and re-run (nothing was written)"
             )
-        return art, target
+        return target
     cache_subdir(kind)
     with tempfile.TemporaryDirectory(prefix="sglpatch-dl-", dir=str(cdir)) as tmp:
         got_path = Path(tmp) / art.filename
         if kind == "wheel":
-            _pip_wheel(name, version, art, tmp, python)
+            _pip_wheel(name, version, art, tmp, python, py_version)
         else:
             # not `pip download --no-binary`: for an sdist pip prepares its metadata, which builds
             # the build dependencies (Cython, grpcio-tools) from source for minutes
@@ -67,7 +76,7 @@ def fetch(name: str, version: str, kind: str, python: str | None = None, expect_
         if got != art.sha256:
             raise ArtifactError(f"downloaded {art.filename} has sha256 {got}, not {art.sha256} as the index publishes; nothing was written")
         os.replace(got_path, target)
-    return art, target
+    return target
 
 
 _PROGRESS_LINES = ("Collecting", "Downloading", "Saved", "File was already downloaded", "Successfully downloaded")
@@ -93,10 +102,10 @@ def _pip_download(python: str | None, dest: str, requirement: str, *flags: str) 
     return proc.returncode, last_line(proc.stdout, f"exit {proc.returncode}")
 
 
-def _pip_wheel(name: str, version: str, art: Artifact, tmp: str, python: str | None) -> None:
+def _pip_wheel(name: str, version: str, art: Artifact, tmp: str, python: str | None, py_version: str = WHEEL_PY) -> None:
     say(f"downloading {art.filename} with pip (your pip configuration applies)")
     rc, why = _pip_download(python, tmp, f"{name}=={version}", "--only-binary", ":all:", "--platform", WHEEL_PLATFORM,
-                            "--platform", "any", "--python-version", WHEEL_PY, "--implementation", "cp")
+                            "--platform", "any", "--python-version", py_version, "--implementation", "cp")
     if rc != 0 or not (Path(tmp) / art.filename).is_file():
         raise ArtifactError(f"pip download of {art.filename} failed ({why}); check the network / pip index and re-run")
 

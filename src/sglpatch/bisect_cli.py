@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 from sglpatch import cliargs, exitcodes
 from sglpatch.argtypes import positive
@@ -44,11 +43,11 @@ def run_args(args) -> int:
     cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
     if not cmd:
         raise SglpatchError("no command given; usage: sglpatch bisect [options] -- CMD [ARGS...]", exitcodes.USAGE)
-    project = Path(args.project).resolve() if args.project else None
-    workdir = cliargs.workdir(args)
-    if args.line:  # the line's series names the patches; its workdir is the line's own (sglpatch.lines)
-        line = cliargs.line(args)
-        project, workdir = line.root, cliargs.line_workdir(args, line)
+    ctx = getattr(args, "ctx", None)  # the line's series names the patches; its workdir is the line's own
+    project = ctx.project if ctx and (args.project or args.line) else None
+    workdir = ctx.workdir if ctx else cliargs.workdir(args)
+    if ctx:
+        print(f"sglpatch: bisect: {ctx.named()}, workdir {workdir}", file=sys.stderr, flush=True)
     result = bisect.run(
         workdir, cmd, good=args.good, bad=args.bad, timeout=args.timeout, triage=args.triage,
         on_timeout=args.on_timeout, project_root=project, log_dir=args.log_dir,

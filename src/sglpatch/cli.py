@@ -110,6 +110,10 @@ def main(argv: list[str] | None = None) -> int:
     if extra:  # the command's own usage line, not the top-level one (`rebase --dryrun`)
         parser._subparsers._group_actions[0].choices[args.command].error(f"unrecognized arguments: {' '.join(extra)}")
     try:
+        if hasattr(args, "line"):  # every command that acts on a series: its line and tree, resolved once
+            from sglpatch import context
+
+            args.ctx = context.resolve(args)
         return int(args.func(args) or 0)
     except SglpatchError as e:
         print(f"sglpatch: error: {e}", file=sys.stderr)

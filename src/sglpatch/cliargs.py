@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import argparse
 import errno
-import os
 from pathlib import Path
 
 from sglpatch.project import find_project
@@ -22,7 +21,10 @@ def add_workdir(p: argparse.ArgumentParser) -> None:
 
 
 def workdir(args) -> Path:
-    return Path(args.workdir or os.environ.get("SGLANG_FORK_DIR") or Path.home() / "sglang-fork").expanduser().absolute()
+    """--workdir, else the base workdir (sglpatch.linepath.base)."""
+    from sglpatch import linepath
+
+    return linepath.base(args.workdir)
 
 
 def project(args) -> Path:
@@ -34,23 +36,18 @@ def add_line(p: argparse.ArgumentParser) -> None:
                    "its workdir defaults to the primary's with -RELEASE appended (default: the primary series)")
 
 
-def line(args):
-    """The line --line names (sglpatch.lines.Line), the primary without it."""
-    from sglpatch import lines
-
-    root = project(args)
-    release = getattr(args, "line", None)
-    return lines.find(lines.checkout_of(root), release) if release else lines.at(root)
-
-
-def line_workdir(args, ln) -> Path:
-    """--workdir as given, else the line's default (sglpatch.lines.default_workdir)."""
-    from sglpatch import lines
-
-    return workdir(args) if args.workdir else lines.default_workdir(workdir(args), ln)
-
-
 def os_error(e: OSError) -> SglpatchError:
     """A full disk, a permission: one line, not a traceback."""
     hint = "free space and re-run" if e.errno == errno.ENOSPC else "fix that and re-run"
     return SglpatchError(f"{e.strerror or e}" + (f" ({e.filename})" if e.filename else "") + f"; {hint}")
+
+
+def ctx(args):
+    """The context main resolved (sglpatch.context); the project's own error when there is none."""
+    if getattr(args, "ctx", None) is None:
+        from sglpatch import context
+
+        args.ctx = context.resolve(args)
+        if args.ctx is None:
+            find_project()  # raises the one line that says why
+    return args.ctx

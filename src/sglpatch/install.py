@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -34,18 +35,33 @@ def check_target(python: str | None, installs: bool) -> None:
 
 
 def record(workdir: Path, python: str) -> None:
-    """Remember python (as given, not resolved: a venv's python is a symlink to its base) in the workdir."""
+    """Remember python (as given, not resolved: a venv's python is a symlink to its base) in the
+    workdir, beside every interpreter recorded before (one value each; the last one is the newest).
+    Called BEFORE the install runs: a kill after pip finished still leaves it named."""
     exe = os.path.expanduser(python)
     exe = os.path.abspath(exe) if os.sep in exe else (shutil.which(exe) or exe)
-    Git(Path(workdir)).config_set(INSTALLED_KEY, exe)
+    git = Git(Path(workdir))
+    have = all_recorded(workdir)
+    if have and have[-1] == exe:
+        return
+    if exe in have:
+        git.run("config", "--local", "--unset-all", INSTALLED_KEY, f"^{re.escape(exe)}$")
+    git.run("config", "--local", "--add", INSTALLED_KEY, exe)
+
+
+def all_recorded(workdir: Path) -> list[str]:
+    """Every interpreter `apply` installed this workdir's tree into, oldest first."""
+    workdir = Path(workdir).expanduser()
+    if not (workdir / ".git").is_dir():
+        return []
+    rc, out, _ = Git(workdir).run("config", "--local", "--get-all", INSTALLED_KEY, check=False)
+    return [ln for ln in out.splitlines() if ln.strip()] if rc == 0 else []
 
 
 def recorded(workdir: Path) -> str | None:
     """The interpreter `apply` last installed this workdir's tree into, or None."""
-    workdir = Path(workdir).expanduser()
-    if not (workdir / ".git").is_dir():
-        return None
-    return Git(workdir).config_get(INSTALLED_KEY)
+    have = all_recorded(workdir)
+    return have[-1] if have else None
 
 
 def serves_from(python: str, workdir: Path) -> bool:
@@ -63,8 +79,9 @@ def guard_serving(workdir: Path, moving: str, fix: str) -> None:
     """Refuse to move a tree to another release (moving: 'from 0.5.9 to 0.5.23') while the
     interpreter apply installed it into still imports sglang from it: that venv would run the new
     release's code on the old one's dependencies. fix: the command that builds it elsewhere."""
-    py = recorded(workdir)
-    if py and serves_from(py, workdir):
+    live = [py for py in all_recorded(workdir) if serves_from(py, workdir)]  # each one asked now, as pip would answer
+    if live:
+        py = live[-1]
         raise SglpatchError(
             f"{py} imports sglang from {workdir} (editable): moving that tree {moving} would change what it runs, on the "
             f"old release's dependencies; nothing was changed. Build it in a workdir of its own: {fix}"
@@ -132,9 +149,9 @@ def install(workdir: Path, python: str | None = None, installer: str = "auto", v
     if not (shutil.which(py) or Path(py).is_file()):
         raise SglpatchError(f"python interpreter {py} not found; pass --python PATH")
     src = workdir / "python"
+    record(workdir, py)  # first: a kill between pip and here must not leave the tree unguarded
     have = installed_sglang(py)
     if have and Path(have[0]).resolve().is_relative_to(src.resolve()):
-        record(workdir, py)
         return f"sglang already installed editable from {src} for {py}"
     uv = find_uv() if installer in ("auto", "uv") else None
     if installer == "uv" and not uv:
@@ -152,12 +169,12 @@ def install(workdir: Path, python: str | None = None, installer: str = "auto", v
             print(f"sglpatch: installing (editable, a .pth to {src} + {lock.name} {lock.version}'s METADATA): {' '.join(cmd)}",
                   file=sys.stderr, flush=True)
             proc = subprocess.run(cmd, stdout=sys.stderr, stderr=sys.stderr)
+            crashpoint("install:built")
         if proc.returncode != 0:
             raise SglpatchError(
                 f"installing {src} failed (exit {proc.returncode}, see above); the patched tree is ready in {workdir}: "
                 "fix the environment and re-run, or use --no-install"
             )
-        record(workdir, py)
         return f"installed sglang {lock.version} editable from {src} into {py}"
     if uv:
         cmd = [uv, "pip", "install", "--python", py, "--no-deps", "-e", str(src)]
@@ -179,11 +196,10 @@ def install(workdir: Path, python: str | None = None, installer: str = "auto", v
             f"installing {src} failed (exit {proc.returncode}, see above); the patched tree is ready in {workdir}: "
             "fix the environment and re-run, or use --no-install"
         )
-    record(workdir, py)
     return f"installed sglang editable from {src} into {py}"
 
 
-def report(python: str, workdir: Path, version: str | None) -> list[str]:
+def report(python: str, workdir: Path, version: str | None, opt: str = "") -> list[str]:
     """What python imports now; when that is not the tree, why, and what to do (the exact command)."""
     st = pyenv.module_state(python)
     if st is not None and st.ok:
@@ -194,12 +210,12 @@ def report(python: str, workdir: Path, version: str | None) -> list[str]:
             return [
                 f"warning: {python} cannot import sglang yet: {pyenv.missing_summary(st)}",
                 f"  SGLang {version}'s own dependencies: build a complete new venv (the release's pinned set, checked first): "
-                "scripts/apply.sh --venv NEWDIR",
+                f"scripts/apply.sh{opt} --venv NEWDIR",
             ]
         return [
             f"warning: {python} cannot import sglang yet: {pyenv.missing_summary(st)}",
             f"  install SGLang {version}'s own dependencies: {pyenv.deps_command(python, tree, version, find_uv())}",
-            "  or build a complete new venv instead (the release's pinned set, checked first): scripts/apply.sh --venv NEWDIR",
+            f"  or build a complete new venv instead (the release's pinned set, checked first): scripts/apply.sh{opt} --venv NEWDIR",
         ]
     why = st.error if st is not None and st.error else "it does not run"
     return [f"warning: {python} cannot import sglang ({why}); `{python} -c 'import sglang'` shows the whole error"]

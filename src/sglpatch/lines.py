@@ -12,18 +12,17 @@ taken as given). Which line a workdir holds is read from its upstream pin."""
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from sglpatch import exitcodes
+from sglpatch import exitcodes, linepath
 from sglpatch.errors import SglpatchError
 from sglpatch.fsutil import inside, write_if_changed
 from sglpatch.lock import LOCK_NAME, Lock, read_lock
 from sglpatch.series import SERIES_NAME, patch_path, read_series
 
 LINES_DIR = "lines"
-_RELEASE = re.compile(r"^[0-9]+(\.[0-9]+)+((a|b|rc|\.post|\.dev)[0-9]+)*$")
+_RELEASE = linepath.RELEASE
 
 
 @dataclass
@@ -54,9 +53,11 @@ def checkout_of(root: Path) -> Path:
     return root
 
 
-def all_lines(checkout: Path) -> list[Line]:
+def all_lines(checkout: Path, damaged: list[str] | None = None) -> list[Line]:
     """The primary first, then lines/<R>/ in version order; a folder that is not a line (no lock or
-    series, a link, a name that is no release) is left out."""
+    series, a link, a name that is no release) is left out. A damaged line folder raises, unless
+    damaged is a list: then it is left out and its one-line error appended there (for a command
+    that only lists the lines, e.g. watch)."""
     checkout = Path(checkout)
     out = [Line(read_lock(checkout).version, checkout, True, read_lock(checkout))]
     base = checkout / LINES_DIR
@@ -67,18 +68,30 @@ def all_lines(checkout: Path) -> list[Line]:
                 continue
             if not ((d / LOCK_NAME).is_file() and (d / SERIES_NAME).is_file()):
                 continue
-            inside(checkout, d)
-            lock = read_lock(d)
-            if lock.version != d.name:
-                raise SglpatchError(f"{d}/{LOCK_NAME} pins {lock.version}, not the line's release {d.name}; re-run "
-                                    f"`sglpatch rebase --onto {d.name}`")
-            found.append(Line(d.name, d, False, lock))
+            try:
+                found.append(_line_at(checkout, d))
+            except SglpatchError as e:
+                if damaged is None:
+                    raise
+                damaged.append(str(e))
         out += sorted(found, key=lambda ln: _vkey(ln.release))
     return out
 
 
-def _vkey(v: str) -> tuple:
-    return tuple(int(x) if x.isdigit() else x for x in re.split(r"[.]|(?<=\d)(?=[a-z])", v) if x)
+def _line_at(checkout: Path, d: Path) -> Line:
+    inside(checkout, d)
+    lock = read_lock(d)
+    if lock.version != d.name:
+        raise SglpatchError(f"{d}/{LOCK_NAME} pins {lock.version}, not the line's release {d.name}; re-run "
+                            f"`sglpatch rebase --onto {d.name}`")
+    return Line(d.name, d, False, lock)
+
+
+def _vkey(v: str):
+    """PEP 440 order: 0.5.23rc1 < 0.5.23 < 0.5.23.post1."""
+    from packaging.version import Version
+
+    return Version(v)
 
 
 def at(root: Path) -> Line:
@@ -91,27 +104,31 @@ def at(root: Path) -> Line:
 
 def find(checkout: Path, release: str | None) -> Line:
     """The line of release (None: the primary); an unknown one is a usage error naming those there are."""
-    lines = all_lines(checkout)
+    lines = all_lines(checkout, damaged=[])  # another line's damaged folder does not stop this one
     rel = release[1:] if release.startswith("v") else release
     for ln in lines:
         if ln.release == rel:
             return ln
+    own = checkout / LINES_DIR / rel
+    if linepath.is_release(rel) and (own / LOCK_NAME).is_file() and (own / SERIES_NAME).is_file():
+        _line_at(checkout, own)  # its own folder is damaged: that one line says how
     have = ", ".join(f"{ln.release}{' (primary)' if ln.primary else ''}" for ln in lines)
-    raise SglpatchError(f"no line {release} in {checkout} (lines: {have}); `sglpatch rebase --onto {rel}` makes it", exitcodes.USAGE)
+    hint = f"; `sglpatch rebase --onto {rel}` makes it" if linepath.is_release(rel) else " (a line is named by its release, e.g. 0.5.23)"
+    raise SglpatchError(f"no line {release} in {checkout} (lines: {have}){hint}", exitcodes.USAGE)
 
 
 def default_workdir(base: Path, line: Line) -> Path:
     """The primary's workdir is base ($SGLANG_FORK_DIR or ~/sglang-fork); another line's is base-R."""
-    return base if line.primary else base.with_name(f"{base.name}-{line.release}")
+    return linepath.workdir_of(base, None if line.primary else line.release)
 
 
 def holding(checkout: Path, pin: str | None) -> Line | None:
     """The line whose upstream.lock pins the tree of pin (a workdir's upstream pin digest)."""
     if not pin:
         return None
-    try:
-        return next((ln for ln in all_lines(checkout) if ln.lock.pin_digest() == pin), None)
-    except SglpatchError:  # a damaged line folder: `sglpatch lines` says which
+    try:  # a damaged line folder is left out (`sglpatch lines` says which): the others still answer
+        return next((ln for ln in all_lines(checkout, damaged=[]) if ln.lock.pin_digest() == pin), None)
+    except SglpatchError:  # the primary's own lock
         return None
 
 
@@ -147,7 +164,7 @@ def guard_move(git, project_root: Path, lock: Lock) -> None:
     checkout = checkout_of(project_root)
     held = holding(checkout, pin)
     opt = f" --line {lock.version}" if checkout != Path(project_root) else ""
-    fix = f"`sglpatch apply{opt} --workdir {git.workdir}-{lock.version} --no-install` (then --python or --venv NEWDIR to install it)"
+    fix = f"`sglpatch apply{opt} --workdir {linepath.workdir_of(git.workdir, lock.version)} --no-install` (then --python or --venv NEWDIR to install it)"
     install.guard_serving(git.workdir, f"from {held.release if held else 'another release'} to {lock.version}", fix)
 
 

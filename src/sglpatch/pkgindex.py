@@ -24,6 +24,7 @@ from functools import lru_cache
 from html.parser import HTMLParser
 from pathlib import Path
 
+from sglpatch import exitcodes
 from sglpatch.cachedir import cache_dir
 from sglpatch.errors import SglpatchError, say
 from sglpatch.fsutil import crashpoint
@@ -250,5 +251,31 @@ def choose(name: str, version: str, kind: str) -> Artifact | None:
     return cands[0] if cands else None
 
 
+def wheel_for(name: str, version: str, cp: str, platform: str = WHEEL_PLATFORM) -> Artifact | None:
+    """The index's CPython-cp (e.g. cp312) wheel of version for platform, with its sha256; None when
+    the index offers none."""
+    return next((a for a in index_files(name) if a.version == version and a.kind == "wheel"
+                 and a.filename[:-4].split("-")[-3:] == [cp, cp, platform] and re.fullmatch(r"[0-9a-f]{64}", a.sha256)), None)
+
+
 def kinds_offered(name: str, version: str) -> list[str]:
     return [k for k in ("sdist", "wheel") if choose(name, version, k) is not None]
+
+
+def no_release(name: str, version: str, what: str, each_side: int = 2) -> SglpatchError:
+    """what, and when version is not a release the index knows, the releases nearest to it (a
+    usage error: the version asked for is wrong)."""
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        known, v = releases(name), Version(version)
+    except (InvalidVersion, SglpatchError):
+        return SglpatchError(what)
+    if version in known:
+        return SglpatchError(what)
+    below = [r for r in known if Version(r) < v][-each_side:]
+    above = [r for r in known if Version(r) > v][:each_side]
+    if not (below or above):
+        return SglpatchError(what, exitcodes.USAGE)
+    newest = f" ({below[-1]} is the newest)" if not above else ""
+    return SglpatchError(f"{name} {version} is not a release on the index; the nearest: {', '.join(below + above)}{newest}", exitcodes.USAGE)

@@ -5,6 +5,7 @@ it: importing sglpatch.rebase.anything runs the package's __init__."""
 from __future__ import annotations
 
 import argparse
+import sys
 
 from sglpatch import cliargs, exitcodes
 from sglpatch.errors import SglpatchError
@@ -15,12 +16,14 @@ DESCRIPTION = (
     "resolutions, stop resumably at a conflict. --dry-run (the upstream watch) exits 0 when the rebase would "
     "need nobody (also for work it does unattended) and 3 when a human is needed. The result goes to "
     "lines/VERSION/ (--promote: over the primary series, patches/ and upstream.lock); without --workdir a real "
-    "rebase works in the line's own workdir ($SGLANG_FORK_DIR or ~/sglang-fork, with -VERSION appended)."
+    "rebase works in the line's own workdir ($SGLANG_FORK_DIR or ~/sglang-fork, with -VERSION appended). "
+    "--line R --dry-run classifies the line R's patches (lines/R/) instead of the primary's."
 )
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     cliargs.add_workdir(p)
+    cliargs.add_line(p)
     p.add_argument("--onto", metavar="VERSION|TAG|COMMIT", help="target release: 0.5.10.post1, v0.5.10.post1, or a tagged commit (git)")
     p.add_argument(
         "--source", choices=["auto", "git", "sdist", "wheel"], default="sdist",
@@ -49,8 +52,9 @@ def run_args(args) -> int:
 
 def _go(args, rebase) -> int:
     if args.cont or args.skip or args.abort:
-        if args.onto or args.promote:
-            raise SglpatchError("--onto and --promote go with a new rebase, not with --continue/--skip/--abort", exitcodes.USAGE)
+        if args.onto or args.promote or args.line:
+            raise SglpatchError("--onto, --promote and --line go with a new rebase, not with --continue/--skip/--abort "
+                                "(those find the rebase in progress: --workdir DIR names it)", exitcodes.USAGE)
         if args.abort:
             lines = rebase.abort(_resuming(args), _here(args))
         else:
@@ -59,17 +63,35 @@ def _go(args, rebase) -> int:
         return 0
     if not args.onto:
         raise SglpatchError("--onto VERSION|TAG|COMMIT is required (or --continue / --skip / --abort)", exitcodes.USAGE)
-    project = cliargs.project(args)
+    ctx = cliargs.ctx(args)
     if args.dry_run:
-        wd = cliargs.workdir(args)
-        res = rebase.dry_run(project, wd if wd.exists() else None, args.onto, source=args.source,
+        wd = ctx.workdir  # the line's own tree (its objects are borrowed read-only), never another line's
+        print(f"sglpatch: rebase: {ctx.named()} ({ctx.line.where}), workdir {wd}", file=sys.stderr, flush=True)
+        res = rebase.dry_run(ctx.project, wd if wd.exists() else None, args.onto, source=_source(ctx, args),
                              commit=args.commit, url=args.upstream_url)
         print("\n".join(res.lines))
         return res.exit_code
-    lines = rebase.start(project, _workdir(args), args.onto, source=args.source, commit=args.commit, url=args.upstream_url,
+    if not ctx.line.primary:
+        raise SglpatchError(f"a rebase writes a new line from the primary series, not from the line {ctx.line.release}; nothing was "
+                            f"changed: `sglpatch rebase --line {ctx.line.release} --onto {args.onto} --dry-run` classifies that line's "
+                            "patches there", exitcodes.USAGE)
+    wd = _workdir(args)
+    print(f"sglpatch: rebase: {ctx.named()}, workdir {wd}", file=sys.stderr, flush=True)
+    lines = rebase.start(ctx.project, wd, args.onto, source=_source(ctx, args), commit=args.commit, url=args.upstream_url,
                          promote=args.promote)
     print("\n".join(lines))
     return 0
+
+
+def _source(ctx, args) -> str:
+    """--source for the target release: auto decided by the context (git, else the sdist, else a wheel);
+    a commit or tag that names no release: only git has it."""
+    from sglpatch.rebase.target import onto_release
+
+    rel = onto_release(args.onto)
+    if args.source != "auto":
+        return args.source
+    return ctx.source("auto", args.upstream_url, onto=rel) if rel else "git"
 
 
 def _here(args):
@@ -86,11 +108,13 @@ def _workdir(args):
     tree, which a serving venv may import."""
     from sglpatch.rebase.target import VERSION_RE
 
+    from sglpatch import linepath
+
     base = cliargs.workdir(args)
     m = VERSION_RE.match(args.onto)
     if args.workdir or not m:
         return base
-    return base.with_name(f"{base.name}-{m.group(1)}")
+    return linepath.workdir_of(base, m.group(1))
 
 
 def _resuming(args):
@@ -101,7 +125,10 @@ def _resuming(args):
     base = cliargs.workdir(args)
     if args.workdir or (base / ".git" / REBASE_STATE_DIR).is_dir() or not base.parent.is_dir():
         return base
-    busy = sorted(d for d in base.parent.glob(f"{base.name}-*") if (d / ".git" / REBASE_STATE_DIR).is_dir() and not d.is_symlink())
+    from sglpatch import linepath
+
+    busy = sorted(d for d in base.parent.glob(f"{base.name}-*") if linepath.release_of(base, d)
+                  and (d / ".git" / REBASE_STATE_DIR).is_dir() and not d.is_symlink())
     return busy[0] if len(busy) == 1 else base
 
 

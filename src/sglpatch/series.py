@@ -139,7 +139,10 @@ def read_series(project: Path) -> Series:
         raise SeriesError(f"{path}: not UTF-8 text") from None
     if text.startswith("\ufeff"):
         raise SeriesError(f"{path} starts with a byte-order mark (an editor saved it as 'UTF-8 with BOM'); save it as plain UTF-8 and re-run")
-    return Series.parse(text)
+    # errors name the file as the user finds it: lines/R/series for a line (sglpatch.lines), else series
+    line = Path(project).resolve()
+    origin = f"lines/{line.name}/{SERIES_NAME}" if line.parent.name == "lines" and (line.parent.parent / SERIES_NAME).is_file() else SERIES_NAME
+    return Series.parse(text, origin)
 
 
 # --------------------------------------------------------------------------------------

@@ -18,16 +18,16 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from sglpatch import lines
+from sglpatch import lineguard, lines
 from sglpatch import upstream as up
 from sglpatch.errors import SglpatchError, say
-from sglpatch.fsutil import crashpoint, exclusive, private_tmpdir, remove, write_if_changed
+from sglpatch.fsutil import crashpoint, private_tmpdir, remove, write_if_changed
 from sglpatch.gitcmd import FIXED_DATE, Git, last_line
 from sglpatch.project import Project
 from sglpatch.series import (PATCH_DIR, REQUIRED_DEP3, SERIES_NAME, Entry, PatchFile, Series, hunks_by_path, parse_patch,
                              patch_path, read_patch, read_series, slug)
-from sglpatch.workdir import (BACKUP_PREFIX, BUILT, PATCHED_BRANCH, UPSTREAM_BRANCH, clear_scratch, edits, guard_movable, guard_no_rebase,
-                              lockfile, move_patched, open_workdir, record, recorded, scratch_dir)
+from sglpatch.workdir import (BACKUP_PREFIX, BUILT, PATCHED_BRANCH, UPSTREAM_BRANCH, Workdir, edits, guard_movable, guard_no_rebase,
+                              move_patched, open_workdir, record, recorded, scratch_dir)
 
 FORMAT_PATCH_FLAGS = (
     "--stdout", "--zero-commit", "--no-signature", "--full-index", "--find-renames", "--no-numbered", "--no-cover-letter",
@@ -141,67 +141,75 @@ def apply(
     python: str | None = None,
     url: str | None = None,
     sdist_fallback: bool = False,
+    then=None,
 ) -> ApplyResult:
     """Build ``patched``; with sdist_fallback a failing git source (network, a tag that moved,
-    a blob that differs) is reported and the registry sdist used instead (--source auto)."""
+    a blob that differs) is reported and the registry sdist used instead (--source auto).
+    then(result): what follows in the same transaction (the install), inside DIR's lock."""
     project = Project.load(project_root)
-    git = open_workdir(workdir, create=True)
-    with exclusive(lockfile(git), str(git.workdir)):
-        crashpoint("apply:locked")
-        guard_no_rebase(git)
-        clear_scratch(git)  # left by a killed run
-        guard_movable(git)
-        lines.guard_move(git, project_root, project.lock)  # a tree a venv imports stays on its release
-        try:
-            base = up.materialize(git, project.lock, source, python=python, url=url)
-        except SglpatchError as e:
-            if not (sdist_fallback and source == "git"):
-                raise
-            say(f"the git source failed ({e}); using the registry sdist instead")
-            base = up.materialize(git, project.lock, "sdist", python=python)
-        digest = project.digest(base)
-        old_head = git.rev(PATCHED_BRANCH)
-        rec_digest, rec_head = recorded(git)
-        if old_head and rec_digest == digest and rec_head == old_head:
-            if git.current_branch() != PATCHED_BRANCH:
-                git.run("checkout", "-q", PATCHED_BRANCH)
-            return ApplyResult(False, old_head, base, f"{PATCHED_BRANCH} is up to date ({len(project.patches)} patches)")
-        t0 = time.monotonic()
-        unexported = bool(old_head) and old_head != rec_head
-        # over commits that may be unexported work, build quietly first: a refusal must not
-        # come after progress lines that look like a rebuild
-        chain = build_chain(git, project, base, progress=not unexported)
-        new_head = chain[-1] if chain else base
-        if old_head == new_head:
-            record(git, digest, new_head)
-            if git.current_branch() != PATCHED_BRANCH:
-                git.run("checkout", "-q", PATCHED_BRANCH)
-            return ApplyResult(False, new_head, base, f"{PATCHED_BRANCH} is up to date ({len(project.patches)} patches)")
-        if unexported:
-            extra = _describe_unexported(git, old_head)
-            if not force:
-                raise ApplyError(
-                    f"{PATCHED_BRANCH} in {git.workdir} has work that is not in the series ({extra}); nothing was changed; "
-                    "run `sglpatch export` to save it into patches/, or re-run with --force to rebuild "
-                    f"(the old branch is kept under {BACKUP_PREFIX}/)"
-                )
-            for k, (entry, patch) in enumerate(zip(project.series.entries, project.patches), 1):
-                say(f"[{k}/{len(chain)}] {entry.name}: {patch.subject}")
-        if old_head:
-            backup = f"{BACKUP_PREFIX}/{time.strftime('%Y%m%d-%H%M%S')}-{old_head[:12]}"
-            git.update_ref(backup, old_head, message="sglpatch apply: previous patched")
-            if old_head != rec_head:
-                say(f"kept the previous {PATCHED_BRANCH} as {backup}")
-        crashpoint("apply:backup")
-        move_patched(git, new_head, old_head)
-        crashpoint("apply:moved")
+    with Workdir(workdir).transaction(create=True) as git:
+        result = _apply_locked(git, project, project_root, source, force, python, url, sdist_fallback)
+        if then is not None:
+            then(result)
+        return result
+
+
+def _apply_locked(git: Git, project: Project, project_root: Path, source, force, python, url, sdist_fallback) -> ApplyResult:
+    """apply, inside DIR's lock (apply's transaction)."""
+    crashpoint("apply:locked")
+    guard_no_rebase(git)
+    guard_movable(git)
+    lines.guard_move(git, project_root, project.lock)  # a tree a venv imports stays on its release
+    try:
+        base = up.materialize(git, project.lock, source, python=python, url=url)
+    except SglpatchError as e:
+        if not (sdist_fallback and source == "git"):
+            raise
+        say(f"the git source failed ({e}); using the registry sdist instead")
+        base = up.materialize(git, project.lock, "sdist", python=python)
+    digest = project.digest(base)
+    old_head = git.rev(PATCHED_BRANCH)
+    rec_digest, rec_head = recorded(git)
+    if old_head and rec_digest == digest and rec_head == old_head:
+        if git.current_branch() != PATCHED_BRANCH:
+            git.run("checkout", "-q", PATCHED_BRANCH)
+        return ApplyResult(False, old_head, base, f"{PATCHED_BRANCH} is up to date ({len(project.patches)} patches)")
+    t0 = time.monotonic()
+    unexported = bool(old_head) and old_head != rec_head
+    # over commits that may be unexported work, build quietly first: a refusal must not
+    # come after progress lines that look like a rebuild
+    chain = build_chain(git, project, base, progress=not unexported)
+    new_head = chain[-1] if chain else base
+    if old_head == new_head:
         record(git, digest, new_head)
-        return ApplyResult(
-            True,
-            new_head,
-            base,
-            f"{PATCHED_BRANCH} rebuilt: {len(chain)} patches on {project.lock.describe()} in {time.monotonic() - t0:.1f}s",
-        )
+        if git.current_branch() != PATCHED_BRANCH:
+            git.run("checkout", "-q", PATCHED_BRANCH)
+        return ApplyResult(False, new_head, base, f"{PATCHED_BRANCH} is up to date ({len(project.patches)} patches)")
+    if unexported:
+        extra = _describe_unexported(git, old_head)
+        if not force:
+            raise ApplyError(
+                f"{PATCHED_BRANCH} in {git.workdir} has work that is not in the series ({extra}); nothing was changed; "
+                "run `sglpatch export` to save it into patches/, or re-run with --force to rebuild "
+                f"(the old branch is kept under {BACKUP_PREFIX}/)"
+            )
+        for k, (entry, patch) in enumerate(zip(project.series.entries, project.patches), 1):
+            say(f"[{k}/{len(chain)}] {entry.name}: {patch.subject}")
+    if old_head:
+        backup = f"{BACKUP_PREFIX}/{time.strftime('%Y%m%d-%H%M%S')}-{old_head[:12]}"
+        git.update_ref(backup, old_head, message="sglpatch apply: previous patched")
+        if old_head != rec_head:
+            say(f"kept the previous {PATCHED_BRANCH} as {backup}")
+    crashpoint("apply:backup")
+    move_patched(git, new_head, old_head)
+    crashpoint("apply:moved")
+    record(git, digest, new_head)
+    return ApplyResult(
+        True,
+        new_head,
+        base,
+        f"{PATCHED_BRANCH} rebuilt: {len(chain)} patches on {project.lock.describe()} in {time.monotonic() - t0:.1f}s",
+    )
 
 
 def _describe_unexported(git: Git, head: str) -> str:
@@ -239,9 +247,9 @@ def format_patch(git: Git, commit: str, built: bool = False) -> bytes:
 
 
 def export(project_root: Path, workdir: Path) -> ExportResult:
-    git = open_workdir(workdir, create=False)
-    with exclusive(lockfile(git), str(git.workdir)):
+    with Workdir(workdir).transaction() as git:
         guard_no_rebase(git)
+        lineguard.guard_pin(git, Path(project_root))
         return export_locked(Path(project_root), git)
 
 
@@ -393,8 +401,7 @@ def check(project_root: Path, workdir: Path | None = None, source: str = "sdist"
             problems.append(str(e))
 
     if workdir is not None:
-        git = open_workdir(workdir, create=False)
-        with exclusive(lockfile(git), str(git.workdir)):  # it may move the upstream branch
+        with Workdir(workdir).transaction() as git:  # it may move the upstream branch
             guard_no_rebase(git)
             run_on(git)
     else:
@@ -419,8 +426,7 @@ def update_blobs(project_root: Path, workdir: Path) -> dict[str, str]:
     from sglpatch.lock import write_lock
 
     project = Project.load(project_root)
-    git = open_workdir(workdir, create=False)
-    with exclusive(lockfile(git), str(git.workdir)):
+    with Workdir(workdir).transaction() as git:
         guard_no_rebase(git)
         base = git.rev(UPSTREAM_BRANCH)
         if not base:

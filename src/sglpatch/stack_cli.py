@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import sys
 
-from sglpatch import cliargs, exitcodes, fiset, install, jitcheck, lines, newvenv, stack, upstream
+from sglpatch import cliargs, exitcodes, fiset, install, jitcheck, lineguard, linepath, newvenv, stack, upstream
 from sglpatch.errors import SglpatchError, say
+from sglpatch import lines
 from sglpatch.lock import read_lock
 
 
@@ -22,18 +23,18 @@ def _cmd_apply(args) -> int:
     if args.with_flashinfer and args.no_install:
         raise SglpatchError("--with-flashinfer installs flashinfer into the Python; --no-install contradicts it", exitcodes.USAGE)
     install.check_target(args.python, installs=not (args.venv or args.no_install))  # before any work
+    ctx = cliargs.ctx(args)
+    line, project, workdir = ctx.line, ctx.project, ctx.workdir
     try:
-        line = cliargs.line(args)
-        project, workdir = line.root, cliargs.line_workdir(args, line)
-        checkout = lines.checkout_of(project).resolve()
+        checkout = ctx.checkout.resolve()
         if workdir.resolve().is_relative_to(checkout):
             raise SglpatchError(f"--workdir {args.workdir or workdir} is inside the sglpatch checkout {checkout} (a git repository "
                                 "inside it): pass a folder outside it, e.g. --workdir ~/sglang-fork; nothing was changed", exitcodes.USAGE)
-        prep = None
+        prep = fs = fplan = None
         if args.venv:
-            base = args.python or sys.executable
+            base = ctx.python
             if not args.workdir and line.primary:  # its own tree: the serving venv's editable install must not move under it
-                workdir = workdir.with_name(f"{workdir.name}-{read_lock(project).version}")
+                workdir = linepath.workdir_of(workdir, line.release)
             newvenv.guard_workdir(workdir, base)
             prep = newvenv.prepare(project, args.venv, base, args.installer, args.with_flashinfer, args.release_artifact, args.dry_run,
                                    cuda=args.cuda)
@@ -44,52 +45,58 @@ def _cmd_apply(args) -> int:
                                     exitcodes.CANNOT_RUN if here else exitcodes.ERROR)
             if args.dry_run:
                 return 0
-        elif args.with_flashinfer:  # into --python: the set is read (and checked), and its plan shown, before any work
+        elif not args.no_install:  # before any work: the serving Python keeps its release and can load the tree
+            lineguard.guard_release(ctx.python, line, ctx.opt, args.other_release, workdir)
+            args.compiled_for = lineguard.guard_wheel_python(ctx.python, line, ctx.opt)  # the cpXY to take extensions for
+        if args.with_flashinfer and not args.venv:  # into --python: the set is read (and checked), and its plan shown, before any work
             fs = fiset.read(project)
             if args.dry_run:
                 print("dry run: the tree is not built and nothing is installed")
-                print("\n".join(fiset.install_into(args.python or sys.executable, fs, args.installer, dry_run=True)))
+                print("\n".join(fiset.install_into(ctx.python, fs, args.installer, dry_run=True)))
                 return 0
-            fplan = fiset.plan_first(args.python or sys.executable, fs)
+            fplan = fiset.plan_first(ctx.python, fs)
         if args.upstream_url:
             upstream.validate_url(args.upstream_url)
-        source = args.source
-        if source == "auto":
-            lock = read_lock(project)
-            ok, why = upstream.source_reachable(args.upstream_url or lock.url, lock.tag, timeout=args.probe_timeout)
-            source = "git" if ok else "sdist"
-            print(f"sglpatch: source: {source} ({why})", file=sys.stderr)
-        result = stack.apply(
-            project, workdir, source=source, force=args.force, python=args.python, url=args.upstream_url, sdist_fallback=args.source == "auto"
-        )
-        print(result.message)
-        if args.with_flashinfer:  # before anything is installed: the tree's own pins must admit the set
-            _tree_agrees(workdir, prep.flashinfer if prep else fs)
-        if prep:
-            newvenv.create(prep, args.python or sys.executable)
-            print(install.install(workdir, python=str(prep.python), installer=prep.plan.installer, version=read_lock(project).version,
-                                  lock=read_lock(project)))
-            if prep.flashinfer:
-                print(fiset.verdict(str(prep.python), prep.flashinfer, prep.plan.installer))
-            newvenv.mark_complete(prep)
-            _venv_summary(prep, args)
-        elif not args.no_install:
-            print(install.install(workdir, python=args.python, installer=args.installer, version=read_lock(project).version,
-                                  lock=read_lock(project)))
-            py = args.python or sys.executable
-            if args.with_flashinfer:
-                print("\n".join(fiset.install_into(py, fs, args.installer, plan=fplan,
-                                                   record=lambda cmd: fiset.record_way_back(workdir, cmd))))
-            print("\n".join(install.report(py, workdir, read_lock(project).version)))
+        source = ctx.source(args.source, args.upstream_url, args.probe_timeout)
+        print(f"sglpatch: {ctx.named()}, workdir {workdir}", file=sys.stderr, flush=True)
+
+        def install_step(result) -> None:  # inside the workdir's lock: nothing moves the tree or clears its scratch meanwhile
+            print(result.message)
+            _install(args, ctx, workdir, prep, fs, fplan)
+
+        stack.apply(project, workdir, source=source, force=args.force, python=args.python, url=args.upstream_url,
+                    sdist_fallback=args.source == "auto", then=install_step)
         patches = stack.carried(project, workdir)
-        print(f"{workdir} (branch patched, line {line.release}{' (primary)' if line.primary else ''}) carries {len(patches)} patches:")
-        for line in patches:
-            print(f"  {line}")
+        print(f"{workdir} (branch patched, {ctx.named()}) carries {len(patches)} patches:")
+        for p in patches:
+            print(f"  {p}")
         if args.with_flashinfer and not prep:
-            _jit_check(args.python or sys.executable, workdir)
+            _jit_check(ctx.python, workdir)
         return 0
     except OSError as e:
         raise cliargs.os_error(e) from None
+
+
+def _install(args, ctx, workdir, prep, fs, fplan) -> None:
+    lock = read_lock(ctx.project)
+    if args.with_flashinfer:  # before anything is installed: the tree's own pins must admit the set
+        _tree_agrees(workdir, prep.flashinfer if prep else fs)
+    if prep:
+        newvenv.create(prep, ctx.python)
+        print(install.install(workdir, python=str(prep.python), installer=prep.plan.installer, version=lock.version, lock=lock))
+        if prep.flashinfer:
+            print(fiset.verdict(str(prep.python), prep.flashinfer, prep.plan.installer))
+        newvenv.mark_complete(prep)
+        _venv_summary(prep, args)
+    elif not args.no_install:
+        if getattr(args, "compiled_for", None):  # the line's wheel is another CPython's: the release's own for this one
+            say(lineguard.compiled_for(workdir, ctx.line, args.compiled_for, ctx.python))
+        print(install.install(workdir, python=args.python, installer=args.installer, version=lock.version, lock=lock))
+        py = ctx.python
+        if args.with_flashinfer:
+            print("\n".join(fiset.install_into(py, fs, args.installer, plan=fplan,
+                                                   record=lambda cmd: fiset.record_way_back(workdir, cmd))))
+        print("\n".join(install.report(py, workdir, lock.version, ctx.opt)))
 
 
 def _jit_check(py: str, workdir) -> None:
@@ -116,20 +123,16 @@ def _venv_summary(prep, args) -> None:
     have = install.installed_sglang(py)
     print(f"{py} imports sglang {have[1]} from {have[0]}" if have else f"warning: {py} cannot import sglang (a GPU-only dependency may need CUDA: run `{py} -c \"import sglang\"` to see which)")
     print(f"new venv {prep.venv_dir}: {len(prep.plan.packages)} packages (the plan above; recorded in {prep.venv_dir}/sglpatch-plan*)")
-    print(f"serve from it: {py} -m sglang.launch_server ...; the way back: your old interpreter ({args.python or sys.executable}) was not touched")
+    print(f"serve from it: {py} -m sglang.launch_server ...; the way back: your old interpreter ({args.ctx.python}) was not touched")
 
 
 def _cmd_export(args) -> int:
-    from sglpatch import lines
-
-    line = cliargs.line(args)
-    wd = cliargs.line_workdir(args, line)
-    held = lines.held_by(line.root, wd)  # a line's commits go to that line's files, never to another's
-    if held and held.root != line.root:
-        if args.line:
-            raise SglpatchError(f"{wd} holds the line {held.release}, not {line.release}; nothing was written: "
-                                f"`sglpatch export --line {held.release} --workdir {wd}`", exitcodes.USAGE)
-        line = held
+    ctx = cliargs.ctx(args)
+    line, wd = ctx.line, ctx.workdir
+    held = ctx.held()  # a line's commits go to that line's files, never to another's
+    if held and held.root != line.root and not args.line:
+        line = held  # without --line: the line the tree holds (stack.export checks the pin against its lock)
+    print(f"sglpatch: export: {ctx.named(line)}, workdir {wd}", file=sys.stderr, flush=True)
     try:
         res = stack.export(line.root, wd)
     except OSError as e:
@@ -139,27 +142,28 @@ def _cmd_export(args) -> int:
         f"exported {total} patches: {len(res.written)} written, {len(res.unchanged)} unchanged, "
         f"{len(res.removed)} removed; series {'updated' if res.series_changed else 'unchanged'}"
     )
+    where = "" if line.primary else f"{lines.LINES_DIR}/{line.release}/"
     for name in res.written:
-        print(f"  wrote   patches/{name}")
+        print(f"  wrote   {where}patches/{name}")
     for name in res.removed:
-        print(f"  removed patches/{name}")
+        print(f"  removed {where}patches/{name}")
     return 0
 
 
 def _cmd_status(args) -> int:
-    from sglpatch import lines
-
-    line = cliargs.line(args)
-    wd = cliargs.line_workdir(args, line)
-    held = lines.held_by(line.root, wd)
+    ctx = cliargs.ctx(args)
+    line, wd = ctx.line, ctx.workdir
+    held = ctx.held()
     print("\n".join(stack.status((held if held and not args.line else line).root, wd)))  # without --line: the one it holds
     print(lines.status_line(held))
     return 0
 
 
 def _cmd_check(args) -> int:
-    workdir = cliargs.workdir(args) if args.workdir else None
-    problems = stack.check(cliargs.project(args), workdir, source=args.source)
+    ctx = cliargs.ctx(args)
+    workdir = ctx.workdir if args.workdir else None
+    print(f"sglpatch: check: {ctx.named()} ({ctx.line.where})", file=sys.stderr, flush=True)
+    problems = stack.check(ctx.project, workdir, source=ctx.source(args.source))
     for p in problems:
         print(f"FAIL {p}")
     if problems:
@@ -199,6 +203,8 @@ def register(sub) -> None:
     p.add_argument("--python", help="interpreter to install into, a venv's (default: this one; refused when it is the system's, PEP 668)")
     p.add_argument("--installer", choices=["auto", "pip", "uv"], default="auto", help="auto: uv when found, else pip")
     p.add_argument("--force", action="store_true", help="rebuild even over unexported commits (kept as a backup ref)")
+    p.add_argument("--other-release", action="store_true", help="install into a --python that serves another SGLang release "
+                   "(its dependencies stay that release's); refused without it: use --venv NEWDIR for a complete venv")
     p.add_argument(
         "--venv",
         metavar="DIR",
@@ -229,8 +235,10 @@ def register(sub) -> None:
 
     p = sub.add_parser("check", help="series vs patches/ vs lock; every patch applies exactly (CI gate)")
     cliargs.add_workdir(p)
+    cliargs.add_line(p)
     p.add_argument(
-        "--source", choices=["git", "sdist"], default="sdist", help="where the pinned upstream tree is taken from: the registry sdist, or git (upstream.url)"
+        "--source", choices=["auto", "git", "sdist"], default="sdist",
+        help="where the pinned upstream tree is taken from: the registry's artifact, git (upstream.url), or auto (git when it answers)"
     )
     p.set_defaults(func=_cmd_check)
 

@@ -27,7 +27,7 @@ from pathlib import Path
 from sglpatch.errors import SglpatchError, say
 from sglpatch.fsutil import crashpoint, tmp_prefix
 from sglpatch.gitcmd import Git, last_line, validate_ref, validate_url
-from sglpatch import artifacts, treecache
+from sglpatch import artifacts, pkgindex, treecache
 from sglpatch.cachedir import cache_dir
 from sglpatch.lock import UNKNOWN_COMMIT, Lock, LockError
 from sglpatch.unpack import commit_tree, commits_match, sdist_tree, safe_extract
@@ -170,6 +170,23 @@ def source_reachable(url: str, tag: str, timeout: float = 8.0) -> tuple[bool, st
         if rc == 0 and out.strip():
             return True, f"{url} answered"
         return False, f"{url} is not reachable ({last_line(err, f'exit {rc}')})"
+
+
+def choose_source(url: str, tag: str, name: str, version: str, timeout: float = 8.0, pinned: str | None = None) -> tuple[str, str]:
+    """--source auto, the one rule (sglpatch.context asks it once per command): git when the URL
+    answers for tag, else the registry: the artifact a lock pins (pinned: its file name; taken as
+    `sdist` whatever its kind), else the sdist, else a wheel the index offers; (source, why)."""
+    ok, why = source_reachable(url, tag, timeout=timeout)
+    if ok:
+        return "git", why
+    if pinned:
+        return "sdist", f"{why}; the registry's {pinned}, as the lock pins it"
+    offered = pkgindex.kinds_offered(name, version)
+    if "sdist" in offered:
+        return "sdist", f"{why}; the registry has the sdist of {version}"
+    if "wheel" in offered:
+        return "wheel", f"{why}; the registry has no sdist of {version}, only wheels"
+    raise pkgindex.no_release(name, version, f"{why}, and the registry offers neither an sdist nor a usable wheel of {name} {version}")
 
 
 def materialize(

@@ -4,6 +4,7 @@ matrix, is imported only when the command runs)."""
 from __future__ import annotations
 
 import argparse
+import sys
 
 from sglpatch import cliargs, exitcodes
 from sglpatch.errors import SglpatchError
@@ -11,12 +12,14 @@ from sglpatch.errors import SglpatchError
 HELP = "upstream watch over every release after the pin: per-patch status matrix and dependency pins"
 DESCRIPTION = (
     "One row per release after the pin, one column per patch, and each release's dependency pins. "
-    "Exit 0 when the newest release needs nothing or only unattended work, 3 when it needs a human."
+    "Exit 0 when the newest release needs nothing or only unattended work, 3 when it needs a human. "
+    "--line R: the line R's series (lines/R/) against the releases after R's pin."
 )
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--project", help=cliargs.PROJECT_HELP)
+    cliargs.add_line(p)
     p.add_argument("--releases", metavar="A..B|A,B", help="only these releases: a range (inclusive; either side may be empty) or a comma-separated list")
     p.add_argument("--json", metavar="FILE", help="also write the matrix as JSON")
     p.add_argument("--markdown", metavar="FILE", help="also write a markdown report")
@@ -31,7 +34,9 @@ def run_args(args) -> int:
 
     if args.jobs is not None and args.jobs < 1:
         raise SglpatchError("--jobs must be 1 or more", exitcodes.USAGE)
-    return watch.main(cliargs.project(args), releases=args.releases, json_out=args.json, md_out=args.markdown,
+    ctx = cliargs.ctx(args)  # --line R: R's series against the releases after R's pin
+    print(f"sglpatch: watch: {ctx.named()} ({ctx.line.where})", file=sys.stderr, flush=True)
+    return watch.main(ctx.project, releases=args.releases, json_out=args.json, md_out=args.markdown,
                       command=args.command_line, jobs=args.jobs, recheck=args.recheck)
 
 

@@ -8,7 +8,8 @@
     config sglpatch.applied  "<series digest> <patched head>" of the last apply / export
     config sglpatch.first-checkout   set while the first checkout into a fresh DIR runs
     config sglpatch.pin-<branch>     "<pin digest> <commit>" of a branch built from git
-    config sglpatch.installed-python the interpreter apply last installed the tree into
+    config sglpatch.installed-python every interpreter apply installed the tree into (one value each,
+                             recorded BEFORE the install runs: a kill after pip still leaves it named)
     .git/sglpatch.lock       DIR's lock: one command at a time
     .git/sglpatch-tmp/       scratch files, inside .git so that a kill leaves nothing outside DIR
     .git/sglpatch-rebase/    a rebase's state (sglpatch.rebase.state; its plan, state.json: sglpatch.rebaseplan)
@@ -19,13 +20,17 @@ Everyone else asks this module for these names; nobody copies them.
 
 from __future__ import annotations
 
+import errno
+import fcntl
+import os
 import re
 import shutil
+from contextlib import contextmanager
 from pathlib import Path
 
 from sglpatch import rebaseplan
 from sglpatch.errors import SglpatchError, say
-from sglpatch.fsutil import crashpoint, no_link
+from sglpatch.fsutil import crashpoint, exclusive, no_link
 from sglpatch.gitcmd import Git
 
 UPSTREAM_BRANCH = "upstream"
@@ -34,7 +39,7 @@ MANAGED_KEY = "sglpatch.managed"
 APPLIED_KEY = "sglpatch.applied"
 CHECKOUT_KEY = "sglpatch.first-checkout"  # set while the first checkout into a fresh workdir runs
 BACKUP_PREFIX = "refs/sglpatch/backup"
-INSTALLED_KEY = "sglpatch.installed-python"  # the interpreter the tree was last installed into (sglpatch.install)
+INSTALLED_KEY = "sglpatch.installed-python"  # every interpreter the tree was installed into (sglpatch.install)
 FLASHINFER_BACK_KEY = "sglpatch.flashinfer-way-back"  # the command that restores the flashinfer set --with-flashinfer replaced (sglpatch.fiset)
 REBASE_REF_PREFIX = "refs/sglpatch/rebase"
 SCRATCH = "sglpatch-tmp"
@@ -51,6 +56,57 @@ def pin_key(branch: str) -> str:
 
 
 # --------------------------------------------------------------------------------------
+# the workdir object: one lock and one scratch space for every change to DIR (StGit's transaction)
+
+
+class Workdir:
+    """DIR, with its lock and its scratch space. ``with Workdir(path).transaction(create=...) as git``
+    is the one way to change DIR: the lock is taken before `git init` (a second command on a new DIR
+    is told another one is working on it, not that DIR is foreign), the scratch a killed run left is
+    cleared inside it, and everything done in the block (the install included) holds it."""
+
+    def __init__(self, path: Path):
+        self.path = Path(os.path.normpath(os.path.abspath(os.path.expanduser(str(path)))))
+
+    @contextmanager
+    def _dir_lock(self, create: bool):
+        if create and not self.path.exists():
+            self.path.mkdir(parents=True, exist_ok=True)
+        try:
+            fd = os.open(str(self.path), os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        except OSError as e:
+            if e.errno in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP):
+                yield  # open_workdir says what is wrong with it
+                return
+            raise
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise SglpatchError(f"another sglpatch command is working on {self.path} (setting it up, installing, exporting, "
+                                    "rebasing or bisecting it); wait for it to finish, then re-run") from None
+            yield
+        finally:
+            os.close(fd)
+
+    @contextmanager
+    def transaction(self, create: bool = False):
+        """DIR opened (made when create) and locked from before `git init` to the end of the block."""
+        with self._dir_lock(create):
+            git = open_workdir(self.path, create=create)
+            with exclusive(lockfile(git), str(git.workdir)):
+                clear_scratch(git)  # left by a killed run
+                yield git
+
+    @contextmanager
+    def hold(self, git: Git):
+        """DIR's lock, the same two a transaction takes, for a command that opened DIR and read it
+        first (a rebase's state, a bisect's range): the scratch is the caller's to clear."""
+        with self._dir_lock(create=False), exclusive(lockfile(git), str(git.workdir)):
+            yield git
+
+
+# --------------------------------------------------------------------------------------
 # making and opening DIR
 
 
@@ -60,7 +116,8 @@ def open_workdir(workdir: Path, create: bool) -> Git:
         raise SglpatchError(f"{workdir} exists and is not a directory; choose another --workdir")
     if not workdir.exists() or (workdir.is_dir() and not any(workdir.iterdir())):
         if not create:
-            raise SglpatchError(f"{workdir} is not set up yet; run `sglpatch apply --workdir {workdir} --no-install` first (builds the tree, installs nothing)")
+            raise SglpatchError(f"{workdir} is not set up yet; run `sglpatch apply{line_opt(workdir)} --workdir {workdir} --no-install` "
+                                "first (builds the tree, installs nothing)")
         workdir.mkdir(parents=True, exist_ok=True)
         git = Git(workdir)
         git.run("init", "-q", f"--initial-branch={PATCHED_BRANCH}")
@@ -84,6 +141,14 @@ def open_workdir(workdir: Path, create: bool) -> Git:
             f"{workdir} is a git repository not made by sglpatch; refusing to touch it (choose an empty --workdir)"
         )
     return git
+
+
+def line_opt(workdir: Path) -> str:  # for advice: the line a workdir's name says
+    """` --line R` when workdir is named as line R's (sglpatch.linepath), else ''."""
+    from sglpatch import linepath
+
+    rel = linepath.release_of(linepath.base(), workdir)
+    return f" --line {rel}" if rel else ""
 
 
 def _finish_init(git: Git) -> None:

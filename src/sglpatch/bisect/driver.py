@@ -22,11 +22,11 @@ from sglpatch.bisect.model import BisectError, BisectResult, Step, log2_steps, r
 from sglpatch.bisect.report import format_report, write_log
 from sglpatch.bisect.step import raise_interrupt, restore_tracked
 from sglpatch.errors import SglpatchError
-from sglpatch.fsutil import clean_stale_tmp, exclusive, tmp_prefix
+from sglpatch.fsutil import clean_stale_tmp, tmp_prefix
 from sglpatch.gitcmd import Git, last_line, validate_ref
 from sglpatch.project import Project, find_project
 from sglpatch.series import parse_dep3, slug
-from sglpatch.workdir import PATCHED_BRANCH, UPSTREAM_BRANCH, edits, lockfile, open_workdir
+from sglpatch.workdir import PATCHED_BRANCH, UPSTREAM_BRANCH, Workdir, edits, line_opt, open_workdir
 
 
 def _series_map(git: Git, project_root: Path | None) -> tuple[dict[str, dict], str | None, int]:
@@ -109,12 +109,12 @@ def _check_install(git: Git, err) -> None:
         return
     src = (git.workdir / "python").resolve()
     if not origin:
-        say(err, f"note: {sys.executable} does not import sglang; if CMD needs it, `sglpatch apply --workdir {git.workdir}` installs the workdir editable")
+        say(err, f"note: {sys.executable} does not import sglang; if CMD needs it, `sglpatch apply{line_opt(git.workdir)} --workdir {git.workdir}` installs the workdir editable")
     elif not Path(origin).resolve().is_relative_to(src):
         say(
             err,
             f"warning: {sys.executable} imports sglang from {Path(origin).parent}, not from {src}: a CMD using it would test "
-            f"the same tree at every step; `sglpatch apply --workdir {git.workdir}` installs the workdir editable",
+            f"the same tree at every step; `sglpatch apply{line_opt(git.workdir)} --workdir {git.workdir}` installs the workdir editable",
         )
 
 
@@ -191,7 +191,7 @@ def run(
             project_root = find_project()
         except SglpatchError:
             project_root = None
-    with exclusive(lockfile(git), str(git.workdir)):
+    with Workdir(git.workdir).hold(git):
         _guard(git)
         good_sha, bad_sha = _resolve(git, good, "good"), _resolve(git, bad, "bad")
         if good_sha == bad_sha:

@@ -64,7 +64,8 @@ def prepare(git: Git, project_root: Path, onto: str, source: str, commit: str | 
     """cached (dry runs): registry trees come from the tree cache (sglpatch.treecache), which git
     (a scratch repository) then borrows; a real rebase commits them into the workdir."""
     project = Project.load(project_root)
-    source = target.resolve_source(project.lock, onto, source, url)
+    if source == "auto":  # decided once, before the command runs (sglpatch.context.Context.source)
+        raise RebaseError("--source auto reached the rebase undecided: the command's context decides it (sglpatch.context)")
     registry = treecache.registry_commit if cached else up.build_registry
     if in_sync is None:
         say(f"building the current stack on {project.lock.describe()} to compare against")

@@ -10,9 +10,9 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from sglpatch import install, stack
+from sglpatch import install, linepath, stack
 from sglpatch.errors import say
-from sglpatch.fsutil import crashpoint, exclusive, journal, tmp_prefix, write_if_changed
+from sglpatch.fsutil import crashpoint, journal, tmp_prefix, write_if_changed
 from sglpatch.gitcmd import Git
 from sglpatch.lines import dest as line_dest
 from sglpatch.lines import seed as seed_line
@@ -20,8 +20,8 @@ from sglpatch.lock import Lock, write_lock
 from sglpatch.project import Project
 from sglpatch.rebaseplan import Plan, RebaseError
 from sglpatch.series import PATCH_DIR
-from sglpatch.workdir import (APPLIED_KEY, BACKUP_PREFIX, PATCHED_BRANCH, REBASE_REF_PREFIX, REBASE_STATE_FILE, UPSTREAM_BRANCH, clear_scratch, edits,
-                              lockfile, open_workdir, pin_key, rebase_state_dir, record, scratch_dir)
+from sglpatch.workdir import (APPLIED_KEY, BACKUP_PREFIX, PATCHED_BRANCH, REBASE_REF_PREFIX, REBASE_STATE_FILE, UPSTREAM_BRANCH, Workdir, clear_scratch,
+                              edits, open_workdir, pin_key, rebase_state_dir, record, scratch_dir)
 from sglpatch.rebase.outcome import CHANGELOG, DROPPED, REPORTS_DIR, RESOLUTIONS_DIR, Action, Outcome, RebaseStopped, table
 from sglpatch.rebase.merge import commit_like
 from sglpatch.rebase.resolutions import Recorded, read_resolutions, write_resolutions
@@ -71,7 +71,7 @@ def start(
         raise RebaseError(_in_progress(git))
     # the whole rebase, its finishing step included, holds DIR's lock: an --abort or an export
     # from another shell is refused instead of working on half-moved branches
-    with exclusive(lockfile(git), str(git.workdir)):
+    with Workdir(git.workdir).hold(git):
         if saved.is_file():
             raise RebaseError(_in_progress(git))
         if rebase_state_dir(git).exists():  # a rebase killed before it saved state.json: it had changed nothing yet
@@ -82,7 +82,7 @@ def start(
         dirty = edits(git, put_back=True)[0]
         if dirty:
             raise RebaseError(f"{git.workdir} has uncommitted changes ({', '.join(dirty[:3])}); commit and `sglpatch export`, or stash them")
-        own = f"{git.workdir}-{onto.lstrip('v')}"
+        own = linepath.workdir_of(git.workdir, onto.lstrip('v'))
         install.guard_serving(git.workdir, f"onto {onto}", f"`sglpatch apply --workdir {own} --no-install && "
                               f"sglpatch rebase --onto {onto} --workdir {own}`")
         in_sync = in_sync_stack(git, project)
@@ -187,7 +187,7 @@ def continue_(workdir: Path, skip: bool = False) -> list[str]:
     git = open_workdir(Path(workdir), create=False)
     _aborting(git)
     state.load(git)  # the one-line answer when there is nothing to continue (or its state is damaged)
-    with exclusive(lockfile(git), str(git.workdir)):
+    with Workdir(git.workdir).hold(git):
         _aborting(git)
         plan = state.load(git)  # again, under the lock: an --abort may have ended it meanwhile
         if plan.stopped:
@@ -245,7 +245,7 @@ def _resolved(git: Git, plan: Plan, skip: bool) -> None:
 def abort(workdir: Path, here: Path | None = None) -> list[str]:
     """here: the project this command runs in (None: none found); the recorded one must be it."""
     git = open_workdir(Path(workdir), create=False)
-    with exclusive(lockfile(git), str(git.workdir)):
+    with Workdir(git.workdir).hold(git):
         if not (rebase_state_dir(git) / REBASE_STATE_FILE).exists():
             state.load(git)  # says why there is nothing to abort
         orig, project = state.load_orig(git)  # also when state.json is damaged

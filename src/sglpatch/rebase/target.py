@@ -8,11 +8,12 @@ from __future__ import annotations
 import re
 import tempfile
 
-from sglpatch import artifacts, exitcodes, pkgindex
+from sglpatch import artifacts, pkgindex
 from sglpatch.errors import SglpatchError, say
 from sglpatch.gitcmd import Git, validate_ref, validate_url
 from sglpatch.lock import UNKNOWN_COMMIT, Lock, LockError
-from sglpatch.upstream import commits_match, source_reachable
+from sglpatch.pkgindex import no_release
+from sglpatch.upstream import commits_match
 
 VERSION_RE = re.compile(r"^v?([0-9]+(\.[0-9]+)*((a|b|rc|\.post|\.dev)[0-9]+)*)$")
 SHA_RE = re.compile(r"^[0-9a-f]{7,40}$")
@@ -43,49 +44,10 @@ def _ls_remote_tags(url: str, timeout: float = 20.0) -> dict[str, str] | None:
     return tags
 
 
-def choose_source(url: str, tag: str, name: str, version: str, timeout: float = 8.0) -> tuple[str, str]:
-    """--source auto: git when the URL answers, else the registry sdist, else the wheel; (source, why)."""
-    ok, why = source_reachable(url, tag, timeout=timeout)
-    if ok:
-        return "git", why
-    offered = pkgindex.kinds_offered(name, version)
-    if "sdist" in offered:
-        return "sdist", f"{why}; the registry has the sdist of {version}"
-    if "wheel" in offered:
-        return "wheel", f"{why}; the registry has no sdist of {version}, only wheels"
-    raise no_release(name, version, f"{why}, and the registry offers neither an sdist nor a usable wheel of {name} {version}")
-
-
-def resolve_source(current: Lock, onto: str, source: str, url: str | None) -> str:
-    """--source auto: git when the URL answers, else the sdist, else the wheel (says which and why)."""
-    if source != "auto":
-        return source
+def onto_release(onto: str) -> tuple[str, str] | None:
+    """(tag, version) of --onto when it names a release (VERSION or vVERSION); None for a commit or tag."""
     m = VERSION_RE.match(onto.strip())
-    if not m:
-        return "git"
-    tag = onto if onto.startswith("v") else f"v{m.group(1)}"
-    chosen, why = choose_source(url or current.url, tag, current.name, m.group(1))
-    say(f"source: {chosen} ({why})")
-    return chosen
-
-
-def no_release(name: str, version: str, what: str, each_side: int = 2) -> SglpatchError:
-    """what, and when version is not a release the index knows, the releases nearest to it (a
-    usage error: the version asked for is wrong)."""
-    from packaging.version import InvalidVersion, Version
-
-    try:
-        known, v = pkgindex.releases(name), Version(version)
-    except (InvalidVersion, SglpatchError):
-        return SglpatchError(what)
-    if version in known:
-        return SglpatchError(what)
-    below = [r for r in known if Version(r) < v][-each_side:]
-    above = [r for r in known if Version(r) > v][:each_side]
-    if not (below or above):
-        return SglpatchError(what, exitcodes.USAGE)
-    newest = f" ({below[-1]} is the newest)" if not above else ""
-    return SglpatchError(f"{name} {version} is not a release on the index; the nearest: {', '.join(below + above)}{newest}", exitcodes.USAGE)
+    return (onto if onto.startswith("v") else f"v{m.group(1)}", m.group(1)) if m else None
 
 
 def target_lock(

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from sglpatch import exitcodes
 from sglpatch.fsutil import write_if_changed
+from sglpatch.errors import SglpatchError, say
 from sglpatch.watch.matrix import DEPS, VERDICT, Cell, Row, default_jobs, dep_pins, newer_than_pins, pins, run
 from sglpatch.watch.render import SHORT, markdown, terminal
 
@@ -38,8 +39,16 @@ def checkout_lines(project_root: Path) -> list[dict]:
     releases it classifies, and says which release still has none."""
     from sglpatch import lines
 
-    return [{"release": ln.release, "dir": ln.where, "patches": lines.carried(ln)}
-            for ln in lines.all_lines(lines.checkout_of(Path(project_root)))[1:]]
+    damaged: list[str] = []  # a damaged line folder is named, and the finished report kept
+    out = []
+    for ln in lines.all_lines(lines.checkout_of(Path(project_root)), damaged)[1:]:
+        try:
+            out.append({"release": ln.release, "dir": ln.where, "patches": lines.carried(ln)})
+        except SglpatchError as e:
+            damaged.append(f"{ln.where}: {e}")
+    for d in damaged:
+        say(f"warning: a line folder is left out of the report: {d}")
+    return out
 
 
 def main(project_root: Path, releases: str | None = None, json_out: str | None = None, md_out: str | None = None,
