@@ -70,8 +70,8 @@ def _cmd_apply(args) -> int:
         print(f"{workdir} (branch patched, {ctx.named()}) carries {len(patches)} patches:")
         for p in patches:
             print(f"  {p}")
-        if args.with_flashinfer and not prep:
-            _jit_check(ctx.python, workdir)
+        if args.with_flashinfer and (prep or not args.no_install):  # the new venv's set too (--venv)
+            _jit_check(str(prep.python) if prep else ctx.python, workdir, new_venv=prep is not None)
         return 0
     except OSError as e:
         raise cliargs.os_error(e) from None
@@ -99,7 +99,7 @@ def _install(args, ctx, workdir, prep, fs, fplan) -> None:
         print("\n".join(install.report(py, workdir, lock.version, ctx.opt)))
 
 
-def _jit_check(py: str, workdir) -> None:
+def _jit_check(py: str, workdir, new_venv: bool = False) -> None:
     """The JIT kernels that include flashinfer's headers, built in py for the target (sglpatch.jitcheck):
     a line when they build or cannot be checked here; a kernel that does not build is the error,
     with the command that restores the flashinfer set this apply (or an earlier one) replaced."""
@@ -107,7 +107,8 @@ def _jit_check(py: str, workdir) -> None:
         "(compile only, no GPU; about 20 s each)")
     v = jitcheck.run(py)
     if v.state == "fail":
-        raise SglpatchError(v.line(fiset.recorded_way_back(workdir) or ""))
+        back = f"none needed, the new venv {py} is all it touched (delete it)" if new_venv else fiset.recorded_way_back(workdir)
+        raise SglpatchError(v.line(back or ""))
     print(v.line())
 
 
