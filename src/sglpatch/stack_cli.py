@@ -43,6 +43,8 @@ def _cmd_apply(args) -> int:
                 raise SglpatchError(f"preflight refused: {len(prep.refused)} condition(s) failed (the FAIL lines above); nothing was created"
                                     + (f"; no NVIDIA driver answers here: cannot run here (exit {exitcodes.CANNOT_RUN})" if here else ""),
                                     exitcodes.CANNOT_RUN if here else exitcodes.ERROR)
+            # a new venv of base's CPython: a line's tree from another CPython's wheel takes this one's extensions
+            args.compiled_for = lineguard.guard_wheel_python(base, line, ctx.opt)
             if args.dry_run:
                 return 0
         elif not args.no_install:  # before any work: the serving Python keeps its release and can load the tree
@@ -83,6 +85,8 @@ def _install(args, ctx, workdir, prep, fs, fplan) -> None:
         _tree_agrees(workdir, prep.flashinfer if prep else fs)
     if prep:
         newvenv.create(prep, ctx.python)
+        if getattr(args, "compiled_for", None):
+            say(lineguard.compiled_for(workdir, ctx.line, args.compiled_for, str(prep.python)))
         print(install.install(workdir, python=str(prep.python), installer=prep.plan.installer, version=lock.version, lock=lock))
         if prep.flashinfer:
             print(fiset.verdict(str(prep.python), prep.flashinfer, prep.plan.installer))
