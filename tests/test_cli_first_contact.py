@@ -51,7 +51,7 @@ def test_help_is_a_description_and_shows_defaults():
     assert "--source {auto,git,sdist}" in apply_help and "(default: auto)" in apply_help
     assert "(default: 8.0)" in apply_help  # --probe-timeout
     check_help = " ".join(cli("check", "--help").stdout.split())
-    assert "registry sdist" in check_help and "(default: sdist)" in check_help
+    assert "registry's artifact" in check_help and "(default: sdist)" in check_help
     regress_help = " ".join(cli("regress", "--help").stdout.split())
     assert "allreduce" in regress_help and "(default: all)" in regress_help
     bisect_help = cli("bisect", "--help").stdout
