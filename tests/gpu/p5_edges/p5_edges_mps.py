@@ -61,6 +61,7 @@ import logging
 import math
 import os
 import random
+import runpy
 import sys
 import time
 import traceback
@@ -87,15 +88,8 @@ def stub_flashinfer():
     tree = os.environ.get("SGLANG_TREE")
     if tree:
         sys.path.insert(0, os.path.join(tree, "python"))
-    kit = os.environ.get("FLASHINFER_KIT")
-    if not kit:
-        return
-    site = os.path.join(kit, "site")
-    sys.path.insert(0, site)
-    for name, path in (("flashinfer", "flashinfer"), ("flashinfer.comm", "flashinfer/comm")):
-        m = types.ModuleType(name)
-        m.__path__ = [os.path.join(site, path)]
-        sys.modules[name] = m
+    # the kit's flashinfer without its __init__: the same stub the tuning step's processes load
+    runpy.run_path(os.path.join(os.path.dirname(os.path.abspath(__file__)), "stub", "sitecustomize.py"))
 
 
 class Capture(logging.Handler):
