@@ -6,6 +6,7 @@ wheel (the test cache), real pip into scratch venvs that see the test interprete
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -164,6 +165,13 @@ def test_a_python_serving_another_release_is_refused_and_another_cpython_gets_it
     wd = tmp_path / f"fork-{LINE}"
     assert list(wd.rglob("*.cpython-312-x86_64-linux-gnu.so")) and list(wd.rglob("*.cpython-311-x86_64-linux-gnu.so"))
     assert git(wd, "status", "--porcelain") == "" and f"installed sglang {LINE} editable from {wd / 'python'}" in res.stdout
+    taken = len(list(wd.rglob("*.cpython-312-x86_64-linux-gnu.so")))
+    assert f"for Python 3.12: {taken} compiled extension(s)" in res.stderr
+    shutil.rmtree(tmp_path / "v312")  # nothing imports the tree now: it may move to the primary's release, and they go with its pin
+    res = _run(tmp_path, co, "apply", "--workdir", str(wd), "--source", "sdist", "--no-install")
+    assert res.returncode == 0 and f"removed {taken} compiled extension(s) for Python 3.12" in res.stderr, res.stderr[-3000:]
+    assert not (wd / ".git" / "sglpatch-extensions").exists() and not list(wd.rglob("*.cpython-31[12]-x86_64-linux-gnu.so"))
+    assert f"that an install of another release left beside {wd}'s tree" in res.stderr and git(wd, "status", "--porcelain") == ""
 
 
 def _paused(tmp_path, co, step, *args, env_extra=None):
@@ -337,3 +345,34 @@ def test_the_wheel_for_another_python_must_carry_the_locks_sources(tmp_path):
     with pytest.raises(SglpatchError, match=rf"cp312-cp312-manylinux_2_34_x86_64.whl: {rel} is not the file lines/{LINE}/upstream.lock pins"):
         lineguard.compiled_for(tmp_path, ln, "cp312", sys.executable)
     assert not any(tmp_path.rglob("*"))
+
+
+def test_a_new_venv_of_another_cpython_gets_the_releases_own_extensions(tmp_path, co):
+    """Fault 8 through --venv NEWDIR: the new venv is of the base Python's CPython (3.12 to apply's
+    probe), so the line's cp311 tree takes the release's own cp312 extensions before the install
+    into the new venv (the plan: a fake release artifact on a local index, as tests/test_venv_preflight.py);
+    a base Python the release has no wheel for is refused before any venv is made."""
+    from test_venv_preflight import release, wheel
+
+    index = tmp_path / "index"
+    wheel(index, "sglpatch-fake-dep", "1.0")
+    art = release(tmp_path, ["sglpatch-fake-dep==1.0"], version=LINE)
+    base = make_venv(tmp_path / "base")
+    shim = tmp_path / "py312"
+    shim.write_text(f"#!/bin/bash\nif [[ \"$*\" == *\"importlib.metadata as m, importlib.util\"* ]]; then printf '\\n\\ncp39\\n'; exit 0; fi\n"
+                    f"exec {base} \"$@\"\n")
+    shim.chmod(0o755)
+    env = dict(PIP_FIND_LINKS=str(index), PATH=f"{tmp_path / 'nobin'}:{os.environ['PATH']}")
+    args = ("apply", "--line", LINE, "--source", "sdist", "--venv", str(tmp_path / "new"), "--release-artifact", str(art),
+            "--python", str(shim), "--installer", "pip")
+    res = _run(tmp_path, co, *args, **env)
+    assert res.returncode == 2 and "(Python 3.9)" in res.stderr and "--venv NEWDIR --python PY3.11" in res.stderr, res.stderr[-2000:]
+    assert not (tmp_path / "new").exists() and not (tmp_path / f"fork-{LINE}").exists()
+    shim.write_text(shim.read_text().replace("cp39", "cp312"))
+    res = _run(tmp_path, co, *args, **env)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
+    wd = tmp_path / f"fork-{LINE}"
+    assert "for Python 3.12: " in res.stderr and list(wd.rglob("*.cpython-312-x86_64-linux-gnu.so")), res.stderr[-2000:]
+    assert f"installed sglang {LINE} editable from {wd}/python into {tmp_path / 'new'}/bin/python" in res.stdout
+    assert git(wd, "status", "--porcelain") == "" and "sglpatch-fake-dep" in subprocess.run(
+        [str(tmp_path / "new" / "bin" / "python"), "-m", "pip", "list"], capture_output=True, text=True).stdout

@@ -201,6 +201,7 @@ def _apply_locked(git: Git, project: Project, project_root: Path, source, force,
         if old_head != rec_head:
             say(f"kept the previous {PATCHED_BRANCH} as {backup}")
     crashpoint("apply:backup")
+    lineguard.drop_extensions(git, project.lock)  # another pin's extensions must not stay beside this tree
     move_patched(git, new_head, old_head)
     crashpoint("apply:moved")
     record(git, digest, new_head)
