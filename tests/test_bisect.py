@@ -400,7 +400,7 @@ def test_a_killed_bisects_state_is_removed_from_tmpdir_by_the_next_run(workdir, 
 def test_the_readme_triage_of_a_mistyped_regress_sh_stops_with_one_line(bisect_project, tmp_path):
     """`bisect.sh --triage -- scripts/regress.sh --tier kernal` (a typo: argparse's exit 2) was "regression is
     upstream", exit 0. A usage error stops at the first run, one line, exit 2, no verdict."""
-    from test_failure_modes_4 import tool_venv
+    from failure_modes.test_tool_venv import tool_venv
 
     project, wd, _ = bisect_project
     env = tool_venv(tmp_path)

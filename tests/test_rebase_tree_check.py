@@ -12,8 +12,8 @@ from __future__ import annotations
 import pytest
 
 from conftest import git
-import test_failure_modes as fm
-from test_failure_modes import REBASE_TARGET, Case, _exact, _rebase, ok, refused, snapshot
+from failure_modes import world as fm
+from failure_modes.world import REBASE_TARGET, Case, _exact, _rebase, ok, refused, snapshot
 
 golden, rb_golden, rb_conflict = fm.golden, fm.rb_golden, fm.rb_conflict
 KILLED = -9
