@@ -125,7 +125,7 @@ export SGLPATCH_TEST_VENV_0523="$VENV0523"
 # the venv's tools (uv, black, sglpatch) on PATH, as an activated venv would have them
 export PATH="$(dirname "$(command -v "$PY")"):$PATH"
 # --durations: the slowest tests at the end of the log, where the CI time goes; and by CPU
-# seconds (tests/conftest.py, SGLPATCH_TEST_CPU_LOG), which another load on the machine does not change
+# seconds (tests/harness.py, SGLPATCH_TEST_CPU_LOG), which another load on the machine does not change
 if [ -z "${SGLPATCH_TEST_CPU_LOG:-}" ] && [ -n "${VENV:-}" ]; then
   export SGLPATCH_TEST_CPU_LOG="$VENV/sglpatch-test-cpu.jsonl"
   : > "$SGLPATCH_TEST_CPU_LOG"
@@ -135,8 +135,8 @@ if [ "${1:-}" = --quick ]; then shift; ARGS+=(-m "not slow"); fi
 # one worker more than cores: many tests wait on a subprocess, a timeout or a signal, not the CPU
 JOBS="${SGLPATCH_TEST_JOBS:-$(( $(nproc) + 1 ))}"
 if [ "$JOBS" != 1 ] && [ "$JOBS" != 0 ] && "$PY" -c "import xdist" 2>/dev/null; then
-  # a file's tests on one worker (its module fixtures built once), the longest files cut in
-  # groups, the heaviest first: tests/conftest.py (SPLIT, COST) marks the groups and orders them
-  ARGS+=(-n "$JOBS" --dist loadgroup --no-loadscope-reorder)
+  # a file's tests on one worker (its module fixtures built once), the heaviest files first, by
+  # the durations earlier runs measured (tests/harness.py orders them)
+  ARGS+=(-n "$JOBS" --dist loadfile --no-loadscope-reorder)
 fi
 exec "$PY" -m pytest -q -p no:cacheprovider --durations=15 "${ARGS[@]}" "$@"

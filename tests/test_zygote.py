@@ -71,8 +71,8 @@ def test_no_zygote_when_asked(monkeypatch, tmp_path):
 @pytest.mark.parametrize("args", [["--version"], ["apply", "--bogus"], ["status", "--workdir", "no-such-dir", "--project", "."]],
                          ids=["version", "usage-error", "one-line-error"])
 def test_the_cli_from_its_zygote_is_the_cli_of_a_fresh_process(tmp_path, args):
-    """conftest.run_cli (a child of a zygote that imported sglpatch.cli) answers as `python -m sglpatch.cli` does."""
-    from conftest import _cli_zygote, run_cli
+    """harness.run_cli (a child of a zygote that imported sglpatch.cli) answers as `python -m sglpatch.cli` does."""
+    from harness import _cli_zygote, run_cli
 
     env = dict(os.environ, TMPDIR=str(tmp_path))
     assert _cli_zygote(env) is not None
