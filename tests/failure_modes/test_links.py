@@ -16,6 +16,7 @@ from failure_modes.world import Case, DEV, GATE, P2_FILE, _exact, _heads, _rebas
 from failure_modes.faults import T
 
 
+@pytest.mark.inproc
 def test_series_entry_through_a_symlinked_folder(case):
     """patches/sub is a link to a folder outside: its patch is neither read nor rewritten nor deleted."""
     c = case
@@ -105,6 +106,7 @@ def test_workdir_lock_scratch_and_state_links_are_refused(tmp_path, rb_golden, n
     c.outside_clean()
 
 
+@pytest.mark.inproc
 def test_a_series_that_is_a_symbolic_link_is_refused_not_read_through(case):
     outside = case.sentinel / "series"
     outside.write_bytes((case.project / "series").read_bytes())

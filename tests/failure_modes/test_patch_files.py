@@ -11,17 +11,21 @@ import shutil
 import subprocess
 
 
+import pytest
+
 from conftest import git
 from sglpatch.lock import read_lock, write_lock
 from failure_modes import world as fm
 from failure_modes.world import CRLF_FILE, Case, DEP3, DEV, P2_FILE, _new_file_diff, mkpatch, ok, patch_names, refused, refused_apply, snapshot
 
 
+@pytest.mark.inproc
 def test_empty_patch(case):
     case.append_patch("0003-empty.patch", b"")
     refused_apply(case, "0003-empty.patch is empty")
 
 
+@pytest.mark.inproc
 def test_patch_without_diff(case):
     case.append_patch("0003-nodiff.patch", mkpatch("nothing", b""))
     refused_apply(case, "contains no diff")
@@ -36,6 +40,7 @@ def _edit_patch(c: Case, k: int, old: str, new: str, count: int = 1) -> str:
     return name
 
 
+@pytest.mark.inproc
 def test_patch_needing_fuzz(case):
     # a context line differs from the pinned tree; GNU patch would apply it with fuzz
     name = _edit_patch(case, 0, "\n         except Exception:\n", "\n         except Exception:  # changed\n")
@@ -52,6 +57,7 @@ def test_patch_needing_fuzz(case):
     assert "\n" not in msg
 
 
+@pytest.mark.inproc
 def test_patch_with_offset(case):
     name = patch_names(case)[1]
     path = case.project / "patches" / name
@@ -64,11 +70,13 @@ def test_patch_with_offset(case):
     refused_apply(case, name, "offset of -2 lines", "exact fit")
 
 
+@pytest.mark.inproc
 def test_patch_that_does_not_apply(case):
     name = _edit_patch(case, 0, "-            # Fallback for development without build", "-            # Fallback for dev without any build")
     refused_apply(case, name, "hunk #1", "does not apply")
 
 
+@pytest.mark.inproc
 def test_patch_for_missing_file(case):
     diff = (
         "diff --git a/python/sglang/srt/no_such_file.py b/python/sglang/srt/no_such_file.py\n"
@@ -78,17 +86,20 @@ def test_patch_for_missing_file(case):
     refused_apply(case, "no_such_file.py does not exist", "-p level")
 
 
+@pytest.mark.inproc
 def test_wrong_strip_level(case):
     name = patch_names(case)[0]
     (case.project / "series").write_text((case.project / "series").read_text().replace(name, name + " -p0"))
     refused_apply(case, name, "a/python/sglang/version.py does not exist", "-p level")
 
 
+@pytest.mark.inproc
 def test_patch_with_dotdot_path(case):
     case.append_patch("0003-up.patch", mkpatch("escape", _new_file_diff("../sentinel/pwned.py")))
     refused_apply(case, "0003-up.patch", "'..'")
 
 
+@pytest.mark.inproc
 def test_patch_with_absolute_path(case):
     target = f"{case.sentinel}/pwned.py"
     diff = f"--- /dev/null\n+++ {target}\n@@ -0,0 +1 @@\n+x = 1\n"
@@ -96,11 +107,13 @@ def test_patch_with_absolute_path(case):
     refused_apply(case, "0003-abs.patch", "absolute")
 
 
+@pytest.mark.inproc
 def test_patch_with_octal_quoted_dotdot(case):
     case.append_patch("0003-quoted.patch", mkpatch("quoted", _new_file_diff("", quoted="\\056\\056/sentinel/pwned.py")))
     refused_apply(case, "0003-quoted.patch", "'..'")
 
 
+@pytest.mark.inproc
 def test_patch_rename_out_of_tree(case):
     diff = (
         "diff --git a/python/sglang/version.py b/python/sglang/version.py\nsimilarity index 100%\n"
@@ -110,6 +123,7 @@ def test_patch_rename_out_of_tree(case):
     refused_apply(case, "0003-rename.patch", "'..'")
 
 
+@pytest.mark.inproc
 def test_patch_into_dot_git(case):
     case.append_patch("0003-hook.patch", mkpatch("hook", _new_file_diff(".git/hooks/post-checkout", "touch /tmp/pwned\n")))
     refused_apply(case, "0003-hook.patch", ".git")
@@ -122,6 +136,7 @@ def _symlink_diff(path: str, target: str) -> str:
     )
 
 
+@pytest.mark.inproc
 def test_patch_writing_through_symlink_made_by_earlier_patch(case):
     case.append_patch("0003-link.patch", mkpatch("link", _symlink_diff("python/escape", str(case.sentinel))))
     case.append_patch("0004-through.patch", mkpatch("through", _new_file_diff("python/escape/pwned.py")))
@@ -129,6 +144,7 @@ def test_patch_writing_through_symlink_made_by_earlier_patch(case):
     assert not (case.fork / "python" / "escape").exists()
 
 
+@pytest.mark.inproc
 def test_patch_writing_through_symlink_in_upstream_tree(case):
     """git source whose tree has a symlink leading out; a patch writing through it is refused."""
     mirror = case.tmp / "t" / "mirror"
@@ -158,6 +174,7 @@ def test_patch_writing_through_symlink_in_upstream_tree(case):
     case.outside_clean()
 
 
+@pytest.mark.inproc
 def test_patch_file_is_a_symlink(case):
     secret = case.sentinel / "secret.patch"
     secret.write_bytes((case.golden["project"] / "patches" / patch_names(case)[0]).read_bytes())
@@ -174,6 +191,7 @@ def test_patch_file_is_a_symlink(case):
     case.outside_clean()
 
 
+@pytest.mark.inproc
 def test_crlf_converted_patch(case):
     name = patch_names(case)[0]
     path = case.project / "patches" / name
@@ -181,6 +199,7 @@ def test_crlf_converted_patch(case):
     refused_apply(case, name, "CRLF", "dos2unix")
 
 
+@pytest.mark.inproc
 def test_patch_to_upstream_crlf_file_works(case):
     """Upstream has CRLF files (AMD MoE configs); a valid patch to one applies and exports byte-stably."""
     f = case.fork / CRLF_FILE
@@ -200,6 +219,7 @@ def test_patch_to_upstream_crlf_file_works(case):
     case.outside_clean()
 
 
+@pytest.mark.inproc
 def test_valid_binary_patch_works(case):
     (case.fork / "python" / "sglang" / "blob.bin").write_bytes(bytes(range(256)) * 8)
     git(case.fork, "add", "python/sglang/blob.bin")
@@ -218,6 +238,7 @@ def test_valid_binary_patch_works(case):
     case.outside_clean()
 
 
+@pytest.mark.inproc
 def test_corrupt_binary_patch(case, tmp_path):
     # a NUL byte makes git treat it as binary whatever the random bytes are
     (case.fork / "python" / "sglang" / "blob.bin").write_bytes(b"\0" + os.urandom(511))
@@ -242,6 +263,7 @@ def test_corrupt_binary_patch(case, tmp_path):
     refused_apply(case, name, "does not apply", fix=fix)
 
 
+@pytest.mark.inproc
 def test_non_utf8_header(case):
     case.append_patch("0003-latin1.patch", mkpatch("caf\xe9", _new_file_diff("python/latin.py")).replace("caf\xe9".encode(), b"caf\xe9"))
     refused_apply(case, "0003-latin1.patch", "not UTF-8", "sglpatch export")
@@ -274,6 +296,7 @@ def test_exported_files_keep_their_mode(case):
     c.outside_clean()
 
 
+@pytest.mark.inproc
 def test_a_fifo_in_patches_is_refused_not_read_forever(case):
     fifo = case.project / "patches" / "0003-a-fifo.patch"
     os.mkfifo(fifo)

@@ -8,53 +8,63 @@ from __future__ import annotations
 
 
 
+import pytest
+
 from conftest import git
 from failure_modes import world as fm
 from failure_modes.world import patch_names, refused_apply
 
 
+@pytest.mark.inproc
 def test_series_malformed_line(case):
     with open(case.project / "series", "a") as f:
         f.write("0003-fix$(touch ${HOME}/x).patch\n")
     refused_apply(case, "series:", "characters outside")
 
 
+@pytest.mark.inproc
 def test_series_unknown_option(case):
     first = patch_names(case)[0]
     (case.project / "series").write_text((case.project / "series").read_text().replace(first, first + " -R"))
     refused_apply(case, "unknown option '-R'", first)
 
 
+@pytest.mark.inproc
 def test_series_duplicate_entry(case):
     with open(case.project / "series", "a") as f:
         f.write(patch_names(case)[0] + "\n")
     refused_apply(case, "listed twice")
 
 
+@pytest.mark.inproc
 def test_series_missing_patch_file(case):
     with open(case.project / "series", "a") as f:
         f.write("0003-not-there.patch\n")
     refused_apply(case, "0003-not-there.patch does not exist")
 
 
+@pytest.mark.inproc
 def test_series_not_utf8(case):
     with open(case.project / "series", "ab") as f:
         f.write(b"# caf\xe9\n")
     refused_apply(case, "not UTF-8")
 
 
+@pytest.mark.inproc
 def test_series_name_traversal(case):
     with open(case.project / "series", "a") as f:
         f.write("../../sentinel/evil.patch\n")
     refused_apply(case, "'..'")
 
 
+@pytest.mark.inproc
 def test_series_with_a_byte_order_mark(case):
     series = case.project / "series"
     series.write_bytes(b"\xef\xbb\xbf" + series.read_bytes())
     refused_apply(case, "byte-order mark")
 
 
+@pytest.mark.inproc
 def test_an_empty_commit_on_patched_is_named_with_the_way_out(case):
     before = fm.snapshot(case.project)
     git(case.fork, "-c", "user.name=a", "-c", "user.email=a@b", "commit", "-q", "--allow-empty", "-m", "an empty commit")
@@ -68,6 +78,7 @@ def test_an_empty_commit_on_patched_is_named_with_the_way_out(case):
     fm.ok(case.export())
 
 
+@pytest.mark.inproc
 def test_a_unicode_subject_is_decoded_not_made_a_patch_name(case):
     from sglpatch.series import Entry, read_patch
 

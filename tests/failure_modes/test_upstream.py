@@ -31,6 +31,7 @@ def _lock_text(c: Case, old: str, new: str) -> None:
     path.write_text(text.replace(old, new, 1))
 
 
+@pytest.mark.inproc
 def test_lock_wrong_sha256(case):
     """A wrong (well-formed) sha256: the good cached sdist is kept, the error names the field."""
     lock = read_lock(case.project)
@@ -41,6 +42,7 @@ def test_lock_wrong_sha256(case):
     refused_apply(case, "sdist.sha256", "upstream.lock", "fix sdist.sha256", env=dead)
 
 
+@pytest.mark.inproc
 def test_lock_wrong_blob_id(case):
     lock = read_lock(case.project)
     path = sorted(lock.blobs)[0]
@@ -48,26 +50,31 @@ def test_lock_wrong_blob_id(case):
     refused_apply(case, f"blobs.{path!r}")
 
 
+@pytest.mark.inproc
 def test_lock_unknown_field(case):
     _lock_text(case, 'version = "0.5.9"\n', 'version = "0.5.9"\nmirror = "https://example.com"\n')
     refused_apply(case, "unknown field upstream.mirror")
 
 
+@pytest.mark.inproc
 def test_lock_missing_field(case):
     _lock_text(case, 'filename = "sglang-0.5.9.tar.gz"\n', "")
     refused_apply(case, "missing field sdist.filename")
 
 
+@pytest.mark.inproc
 def test_lock_not_toml(case):
     _lock_text(case, "[sdist]", "[sdist")
     refused_apply(case, "not valid TOML")
 
 
+@pytest.mark.inproc
 def test_lock_commit_disagrees_with_sdist(case):
     _lock_text(case, 'commit = "bbe9c7eeb"', 'commit = "abcdef123"')
     refused_apply(case, "upstream.commit", "_version.py")
 
 
+@pytest.mark.inproc
 @pytest.mark.parametrize(
     "url, needle",
     [
@@ -94,6 +101,7 @@ def test_lock_hostile_url(case, url, needle):
     ok(case.apply())
 
 
+@pytest.mark.inproc
 @pytest.mark.parametrize(
     "url", ["ext::sh -c touch% /tmp/sglpatch-pwned", "--upload-pack=touch /tmp/x", "ssh://-oProxyCommand=x/y"],
     ids=["ext", "upload-pack", "ssh-proxycommand"],
@@ -106,6 +114,7 @@ def test_cli_hostile_upstream_url(case, url):
     ok(case.apply())
 
 
+@pytest.mark.inproc
 @pytest.mark.parametrize("tag", ["-v0.5.9", "--output=/tmp/x", "v0.5.9..HEAD"])
 def test_lock_tag_option_looking(case, tag):
     _lock_text(case, 'tag = "v0.5.9"', f'tag = "{tag}"')
@@ -133,6 +142,7 @@ def _evil_tarball(dest: Path, member: str, link: str | None = None) -> bytes:
     return buf.getvalue()
 
 
+@pytest.mark.inproc
 @pytest.mark.parametrize("kind", ["dotdot", "symlink"])
 def test_hostile_sdist_with_matching_sha(fresh, kind):
     """Even a tarball the lock vouches for cannot write outside the tree."""

@@ -22,6 +22,7 @@ from failure_modes import world as fm
 from failure_modes.world import DEP3, DEV, P1_FILE, P2_FILE, ok, refused, snapshot
 
 
+@pytest.mark.inproc
 def test_dirty_workdir(case):
     f = case.fork / P1_FILE
     f.write_text(f.read_text() + "# my experiment\n")
@@ -45,6 +46,7 @@ def test_dirty_workdir(case):
     case.outside_clean()
 
 
+@pytest.mark.inproc
 def test_detached_head(case):
     git(case.fork, "checkout", "-q", "--detach", "patched~1")
     before = case.state()
@@ -55,6 +57,7 @@ def test_detached_head(case):
     case.outside_clean()
 
 
+@pytest.mark.inproc
 def test_foreign_branch_checked_out(case):
     git(case.fork, "checkout", "-q", "-b", "my-experiment")
     before = case.state()
@@ -65,6 +68,7 @@ def test_foreign_branch_checked_out(case):
     case.outside_clean()
 
 
+@pytest.mark.inproc
 @pytest.mark.parametrize("kind", ["plain-dir", "foreign-repo", "a-file", "subdir-of-workdir", "not-applied-export"])
 def test_workdir_not_ours(case, kind):
     other = case.tmp / "other"
@@ -97,6 +101,7 @@ def test_workdir_not_ours(case, kind):
     ok(case.apply())
 
 
+@pytest.mark.inproc
 def test_unexported_commit(case):
     f = case.fork / P2_FILE
     f.write_text(f.read_text() + "# tuned\n")
@@ -112,6 +117,7 @@ def test_unexported_commit(case):
     case.outside_clean()
 
 
+@pytest.mark.inproc
 def test_stale_index_lock(case):
     (case.fork / ".git" / "index.lock").write_text("")
     with open(case.project / "series", "a") as s:
@@ -124,6 +130,7 @@ def test_stale_index_lock(case):
     case.outside_clean()
 
 
+@pytest.mark.inproc
 def test_hostile_local_git_config_does_not_run(case):
     """The workdir's own .git/config and hooks are the user's; sglpatch never runs them."""
     pwn = f"touch {case.sentinel}/ran"
@@ -143,6 +150,7 @@ def test_hostile_local_git_config_does_not_run(case):
     case.outside_clean()
 
 
+@pytest.mark.inproc
 def test_a_linked_worktree_as_workdir_names_the_main_one(case):
     wt = case.tmp / "t" / "wt2"
     git(case.fork, "worktree", "add", "-q", "--detach", str(wt), "patched")
@@ -185,6 +193,7 @@ def _as_a_build_writes_it(c) -> str:
     return built
 
 
+@pytest.mark.inproc
 def test_the_builds_version_file_never_blocks_apply_nor_is_exported(case):
     _as_a_build_writes_it(case)
     with open(case.project / "series", "a") as s:

@@ -1,8 +1,9 @@
 """The world every failure-mode case runs in, and its five guarantees (docs/failure-modes.md lists
 every case; the cases are in this folder, one file per concern).
 
-Every case runs the real CLI (a subprocess) against a real git workdir built from the real
-0.5.9 sdist, and asserts the same five things:
+Every case runs the real CLI (a subprocess; or ``sglpatch.cli.main`` in the test's own process
+where the test is marked ``inproc``: nothing about a real process under test) against a real git
+workdir built from the real 0.5.9 sdist, and asserts the same five things:
 
 1. one clear line ``sglpatch: error: ...`` (the last line on stderr, no traceback);
 2. a non-zero exit;
@@ -34,7 +35,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, built_once, git, run_cli
+from conftest import ROOT, built_once, git, run_cli, run_cli_inproc
 import sglpatch as sglpatch_pkg
 from sglpatch import stack
 from sglpatch.cachedir import cache_dir
@@ -143,8 +144,9 @@ def snapshot(root: Path) -> dict[str, bytes]:
 class Case:
     """One test's world: project copy, workdir copy, private TMPDIR/HOME, a sentinel folder."""
 
-    def __init__(self, tmp: Path, golden: dict, fresh: bool = False):
+    def __init__(self, tmp: Path, golden: dict, fresh: bool = False, inproc: bool = False):
         self.tmp = tmp
+        self.inproc = inproc  # the CLI in this process (run_cli_inproc), not a child of its own
         self.golden = golden
         self.project = tmp / "project"
         shutil.copytree(golden["project"], self.project)
@@ -175,7 +177,7 @@ class Case:
         return env
 
     def run(self, *args: str, env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
-        return run_cli(list(args), self.env(env), self.tmp, timeout)
+        return (run_cli_inproc if self.inproc else run_cli)(list(args), self.env(env), self.tmp, timeout)
 
     def apply(self, *extra: str, env: dict | None = None, workdir: Path | None = None) -> subprocess.CompletedProcess:
         source = () if "--source" in extra else ("--source", "sdist")  # the registry sdist unless a test says otherwise
@@ -229,14 +231,21 @@ class Case:
         assert git(self.fork, "status", "--porcelain", "--untracked-files=no") == ""
 
 
-@pytest.fixture
-def case(tmp_path, golden) -> Case:
-    return Case(tmp_path, golden)
+def inproc(request) -> bool:
+    """The test is marked `inproc`: its Case runs the CLI in this process (nothing about a real
+    process is under test: no signal, crash point, second process or umask). SGLPATCH_TEST_NO_INPROC=1:
+    each in a child of its own again."""
+    return request.node.get_closest_marker("inproc") is not None and not os.environ.get("SGLPATCH_TEST_NO_INPROC")
 
 
 @pytest.fixture
-def fresh(tmp_path, golden) -> Case:
-    return Case(tmp_path, golden, fresh=True)
+def case(tmp_path, golden, request) -> Case:
+    return Case(tmp_path, golden, inproc=inproc(request))
+
+
+@pytest.fixture
+def fresh(tmp_path, golden, request) -> Case:
+    return Case(tmp_path, golden, fresh=True, inproc=inproc(request))
 
 
 def refused(proc: subprocess.CompletedProcess, *needles: str) -> str:
