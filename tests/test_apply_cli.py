@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import SERIES, git, make_venv, sglpatch
+from conftest import SERIES, git, make_venv, sglpatch, sglpatch_inproc
 from sglpatch import stack
 from sglpatch.lock import read_lock, write_lock
 
@@ -58,12 +58,12 @@ def test_lock_resolve_writes_the_full_commit(project_copy, tmp_path):
     lock = read_lock(project_copy)
     lock.url, lock.commit = f"file://{mirror}", sha[:9]
     write_lock(project_copy, lock)
-    proc = sglpatch("lock", "--resolve", "--project", str(project_copy))
+    proc = sglpatch_inproc("lock", "--resolve", "--project", str(project_copy))
     assert proc.returncode == 0, proc.stderr
     assert read_lock(project_copy).commit == sha
     lock.commit = "abcdef123"
     write_lock(project_copy, lock)
-    proc = sglpatch("lock", "--resolve", "--project", str(project_copy))
+    proc = sglpatch_inproc("lock", "--resolve", "--project", str(project_copy))
     assert proc.returncode == 1 and "upstream.commit" in proc.stderr
 
 
@@ -101,8 +101,8 @@ def test_apply_sh_runs_the_whole_flow(project_root, tmp_path):
 
 
 def test_relative_workdir(project_copy, tmp_path):
-    proc = sglpatch("apply", "--project", str(project_copy), "--workdir", "fork", "--source", "sdist", "--no-install", cwd=tmp_path)
+    proc = sglpatch_inproc("apply", "--project", str(project_copy), "--workdir", "fork", "--source", "sdist", "--no-install", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert git(tmp_path / "fork", "rev-parse", "--abbrev-ref", "HEAD") == "patched"
-    proc = sglpatch("export", "--project", str(project_copy), "--workdir", "fork", cwd=tmp_path)
+    proc = sglpatch_inproc("export", "--project", str(project_copy), "--workdir", "fork", cwd=tmp_path)
     assert proc.returncode == 0 and "0 written" in proc.stdout, proc.stdout + proc.stderr

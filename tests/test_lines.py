@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, git, make_venv, run_cli, sglpatch
+from conftest import ROOT, git, make_venv, run_cli, sglpatch, sglpatch_inproc
 from sglpatch.lock import read_lock
 from sglpatch.series import read_series
 
@@ -25,7 +25,7 @@ P4_0523 = "python/sglang/srt/speculative/spec_profiler.py"
 
 
 def test_lines_lists_each_line_with_its_pin_patches_upstream_and_driver():
-    res = sglpatch("lines", "--workdir", "/nonexistent/fork")
+    res = sglpatch_inproc("lines", "--workdir", "/nonexistent/fork")
     assert res.returncode == 0, res.stderr[-2000:]
     out = res.stdout
     primary, line = out.split(f"\n{LINE}: lines/{LINE}/\n")
@@ -59,7 +59,7 @@ def test_cuda_of_reads_the_highest_major_a_requirement_names():
 
 
 def test_an_unknown_line_is_a_usage_error_naming_those_there_are(tmp_path):
-    res = sglpatch("apply", "--line", "0.5.99", "--workdir", str(tmp_path / "wd"), "--no-install")
+    res = sglpatch_inproc("apply", "--line", "0.5.99", "--workdir", str(tmp_path / "wd"), "--no-install")
     v = read_lock(ROOT).version
     assert res.returncode == 2 and not (tmp_path / "wd").exists()
     assert f"no line 0.5.99 in {ROOT} (lines: {v} (primary), {LINE}); `sglpatch rebase --onto 0.5.99` makes it" in res.stderr
@@ -274,7 +274,7 @@ def test_line_folders_are_checked_and_a_damaged_one_stops_only_what_reads_it(tmp
     bad.mkdir()
     (bad / "series").write_text("")
     (bad / "upstream.lock").write_bytes((co / "upstream.lock").read_bytes())
-    res = sglpatch("lines", "--project", str(co))
+    res = sglpatch_inproc("lines", "--project", str(co))
     assert res.returncode == 1 and f"{bad}/upstream.lock pins {read_lock(co).version}, not the line's release 0.5.77" in res.stderr
     assert lines.at(co).primary and lines.at(co / "lines" / LINE).release == LINE and not lines.at(co / "lines" / LINE).primary
     # the damaged folder is left out, the others still answer (issue 37, fault 1)

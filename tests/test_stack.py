@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import copy_project, git, sglpatch
+from conftest import copy_project, git, sglpatch_inproc
 from sglpatch import stack
 from sglpatch.errors import SglpatchError
 from sglpatch.lock import read_lock, write_lock
@@ -279,13 +279,13 @@ def test_detached_head_refused(applied):
 
 def test_cli_check_status_and_one_line_errors(applied, tmp_path):
     project, wd = applied
-    proc = sglpatch("check", "--project", str(project))
+    proc = sglpatch_inproc("check", "--project", str(project))
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    proc = sglpatch("status", "--project", str(project), "--workdir", str(wd))
+    proc = sglpatch_inproc("status", "--project", str(project), "--workdir", str(wd))
     assert proc.returncode == 0 and "in sync with the series" in proc.stdout
     (project / "patches" / "stray.patch").write_text("x")
-    proc = sglpatch("check", "--project", str(project))
+    proc = sglpatch_inproc("check", "--project", str(project))
     assert proc.returncode == 1 and "stray.patch is not listed" in proc.stdout
-    proc = sglpatch("apply", "--project", str(tmp_path), "--workdir", str(wd), "--no-install")
+    proc = sglpatch_inproc("apply", "--project", str(tmp_path), "--workdir", str(wd), "--no-install")
     assert proc.returncode != 0
     assert proc.stderr.strip().count("\n") == 0 and proc.stderr.startswith("sglpatch: error:")
