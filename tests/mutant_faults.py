@@ -53,6 +53,7 @@ P5 = "tests/patches/test_p5_pcie_ipc_allreduce.py"
 P5SET = "tests/patches/test_p5_flashinfer_set.py"
 F5 = "distributed/device_communicators/pcie_ipc_allreduce.py"
 P3, P4 = "tests/patches/test_p3_kimi_k25_eagle3.py", "tests/patches/test_p4_verify_profile.py"
+P4_VERDICT = "tests/patches/test_p4_verdict.py"  # issue 39: the profiler's own verdict line
 VERSION_CMP = ("pkg_version.parse(\n        flashinfer_version\n    ) < pkg_version.parse(min_version):",
                "(\n        flashinfer_version\n    ) < min_version:")  # compared as strings
 POLL_READY = ("            if not ev[cycle.end].query():\n", "            if not ev[_VERIFY_END].query():\n")
@@ -153,6 +154,16 @@ MUTANTS: dict[str, list[Mutant]] = {
         Mutant("p1-advice-unfused-dropped", "P1", "verdict", "the gate's warning no longer says the unfused allreduce is used",
                "server_args.py", [('                "Using the unfused allreduce. To use the fusion on SM120, install "\n',
                                    '                "To use the fusion on SM120, install "\n')], [P1]),
+        # issue 39: the verdict sentence the profiler itself logs (not sglpatch profile-report's)
+        Mutant("p4-verdict-overall-accept", "P4", "default", "the profiler's verdict compares the overall accept length, not batch 1's",
+               "speculative/spec_profiler.py", [('            if bs1["accept_length"] >= rec["break_even_accept_length"]:\n',
+                                                 '            if rec["accept_length"] >= rec["break_even_accept_length"]:\n')], [P4_VERDICT]),
+        Mutant("p4-verdict-says-overall-accept", "P4", "verdict", "the profiler's verdict names the overall accept length as batch 1's",
+               "speculative/spec_profiler.py", [("f\"batch 1: accept len {bs1['accept_length']:.2f}, break-even accept \"",
+                                                 "f\"batch 1: accept len {rec['accept_length']:.2f}, break-even accept \"")], [P4_VERDICT]),
+        Mutant("p4-verdict-advice-cut", "P4", "verdict", "the profiler's SLOWER verdict no longer advises disabling speculation",
+               "speculative/spec_profiler.py", [('"(better drafter) or cut verify time, else disable speculation"',
+                                                 '"(better drafter) or cut verify time"')], [P4_VERDICT]),
         Mutant("p4-read-before-extend-done", "P4", "ordering", "a cycle is read once its verify event completed, before its extend event",
                "speculative/spec_profiler.py", [POLL_READY], [P4]),
         Mutant("p4-overflow-drops-newest", "P4", "ordering", "a full queue of unfinished cycles drops the newest, not the oldest",
