@@ -17,7 +17,7 @@ from sglpatch.gpu import regress
 
 from sglpatch.gpu.kernel import tier as kernel
 
-from sglpatch.gpu.shared import procs
+from sglpatch.gpu.shared import step_runner
 
 from sglpatch.gpu.shared import profile as profiles
 from sglpatch.cli import main as cli_main
@@ -154,7 +154,7 @@ def test_run_step_kills_a_hung_tree(tmp_path):
             f"open({str(pidfile)!r},'w').write(json.dumps([c.pid]))\n"
             "while True: time.sleep(1)\n")
     t0 = time.monotonic()
-    res = procs.run_step([sys.executable, "-c", code], dict(os.environ), tmp_path / "log", timeout_s=1.5)
+    res = step_runner.run_step([sys.executable, "-c", code], dict(os.environ), tmp_path / "log", timeout_s=1.5)
     assert res["timed_out"] and res["survivors"] == []
     assert time.monotonic() - t0 < 20
     assert not alive(json.loads(pidfile.read_text())[0])
@@ -217,11 +217,11 @@ def test_gpu_suite_sees_the_series_side_only_through_series_side():
     """Two rooms: sglpatch.gpu imports no series-side module except through series_side, and never cli."""
     import ast
 
-    series_side = {"sglpatch.stack", "sglpatch.series", "sglpatch.lock", "sglpatch.upstream", "sglpatch.rebase",
-                   "sglpatch.bisect", "sglpatch.gitcmd", "sglpatch.cli", "sglpatch.install", "sglpatch.watch",
+    series_side = {"sglpatch.stack.build", "sglpatch.series", "sglpatch.upstream.pin", "sglpatch.upstream.materialize", "sglpatch.rebase",
+                   "sglpatch.bisect", "sglpatch.gitcmd", "sglpatch.cli", "sglpatch.pythonenv.install", "sglpatch.watch",
                    "sglpatch.workdir", "sglpatch.project", "sglpatch.lines"}
-    allowed = {"sglpatch.errors", "sglpatch.proctree", "sglpatch.preflight", "sglpatch.exitcodes",
-               "sglpatch.pyenv", "sglpatch.argtypes"}  # standard library only, the box's facts
+    allowed = {"sglpatch.errors", "sglpatch.proctree", "sglpatch.pythonenv.preflight", "sglpatch.exitcodes",
+               "sglpatch.pythonenv.interpreter", "sglpatch.argtypes"}  # standard library only, the box's facts
     for path in (ROOT / "src" / "sglpatch" / "gpu").glob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
             names = []

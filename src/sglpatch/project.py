@@ -9,7 +9,7 @@ from pathlib import Path
 
 from sglpatch import exitcodes
 from sglpatch.errors import SglpatchError
-from sglpatch.lock import Lock, read_lock
+from sglpatch.upstream.pin import Lock, read_lock
 from sglpatch.series import SERIES_NAME, PatchFile, Series, read_patch, read_series
 
 

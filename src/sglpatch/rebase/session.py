@@ -10,15 +10,17 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from sglpatch import install, linepath, stack
+from sglpatch.pythonenv import install
+from sglpatch import linepath
+from sglpatch.stack import build
 from sglpatch.errors import say
 from sglpatch.fsutil import crashpoint, journal, tmp_prefix, write_if_changed
 from sglpatch.gitcmd import Git
 from sglpatch.lines import dest as line_dest
 from sglpatch.lines import seed as seed_line
-from sglpatch.lock import Lock, write_lock
+from sglpatch.upstream.pin import Lock, write_lock
 from sglpatch.project import Project
-from sglpatch.rebaseplan import Plan, RebaseError
+from sglpatch.rebase_plan_file import Plan, RebaseError
 from sglpatch.series import PATCH_DIR
 from sglpatch.workdir import (APPLIED_KEY, BACKUP_PREFIX, PATCHED_BRANCH, REBASE_REF_PREFIX, REBASE_STATE_FILE, UPSTREAM_BRANCH, Workdir, clear_scratch,
                               edits, open_workdir, pin_key, rebase_state_dir, record, scratch_dir)
@@ -135,7 +137,7 @@ def _drive(git: Git, plan: Plan) -> list[str]:
 
 def _stop(git: Git, plan: Plan, o: Outcome) -> list[str]:
     i = plan.next
-    data = stack.format_patch(git, plan.old_commits[i])
+    data = build.format_patch(git, plan.old_commits[i])
     git.run("checkout", "-q", "--detach", plan.head)
     crashpoint("rebase:stop:checkout")
     with tempfile.TemporaryDirectory(prefix=tmp_prefix("rb"), dir=scratch_dir(git)) as tmp:
@@ -402,7 +404,7 @@ def _finish_journaled(git: Git, plan: Plan) -> list[str]:
             if not action:
                 continue
             o = next(o for o in outcomes if o.name == name)
-            data = stack.format_patch(git, by_subject[o.subject]) if action == "replace" else None
+            data = build.format_patch(git, by_subject[o.subject]) if action == "replace" else None
             # keyed by the conflict it resolves (rerere-like), so any release showing the same
             # conflict is offered it; a 3-way-but-broken stop has no conflict: keyed by the patch
             recs[name] = Recorded(action, f"resolved by hand during the rebase onto {new_lock.version}", plan.sha256s[k], data,
@@ -418,10 +420,10 @@ def _finish_project(git, plan, outcomes, old_lock, new_lock, new_base, report_di
     line_root = project_root / plan.dest if plan.dest else project_root
     if plan.dest:
         seed_line(project_root, line_root, old_lock.version, new_lock.version)
-    res = stack.export_locked(line_root, git)  # this rebase holds DIR's lock
+    res = build.export_locked(line_root, git)  # this rebase holds DIR's lock
     crashpoint("rebase:finish:export")
     project = Project.load(line_root)
-    new_lock.blobs = stack.touched_blobs(git, new_base, project.patches)
+    new_lock.blobs = build.touched_blobs(git, new_base, project.patches)
     write_lock(line_root, new_lock)
     crashpoint("rebase:finish:lock")
     rel = str(report_dir.relative_to(project_root)) + "/report.md"

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from sglpatch import toml
-from sglpatch import pkgindex
+from sglpatch.upstream import pkgindex
 from sglpatch.errors import SglpatchError
 
 
