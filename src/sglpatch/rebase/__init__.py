@@ -44,7 +44,8 @@ the Outcome and its table; exit codes, names), ``target`` (the ``--onto`` pin), 
 helpers: fixed commits, 3-way), ``mergecheck`` (is a clean merge working?), ``upstreamed`` (is the
 change already there?), ``resolutions`` (recorded, conflict-keyed), ``plan`` (preparing the plan:
 old stack, target, new upstream), ``classify`` (the engine, the dry run), ``state`` (what
-DIR/.git/sglpatch-rebase/ holds), ``session`` (a real rebase: stop, continue, abort, finish).
+DIR/.git/sglpatch-rebase/ holds), ``session`` (a real rebase: stop, continue, abort, finish), ``finish_report``
+(the CHANGELOG section and the range-diff a finished rebase writes).
 Outside the package: ``sglpatch.rebase_plan_file`` (the saved plan's fields and format, its reader,
 RebaseError) and ``sglpatch.workdir`` (the state's place and names, the "rebase in progress"
 check), which the stack commands read without running the rebase.
