@@ -19,9 +19,9 @@ from sglpatch import exitcodes, linepath
 from sglpatch.errors import SglpatchError
 from sglpatch.fsutil import inside, write_if_changed
 from sglpatch.upstream.pin import LOCK_NAME, Lock, read_lock
+from sglpatch.project import LINES_DIR, checkout_of
 from sglpatch.series import SERIES_NAME, patch_path, read_series
 
-LINES_DIR = "lines"
 _RELEASE = linepath.RELEASE
 
 
@@ -42,15 +42,6 @@ def dest(release: str) -> str:
     if not _RELEASE.match(release or ""):
         raise SglpatchError(f"line {release!r}: not a release version (e.g. 0.5.23)", exitcodes.USAGE)
     return f"{LINES_DIR}/{release}"
-
-
-def checkout_of(root: Path) -> Path:
-    """The checkout a project root belongs to: the root itself, or the folder above lines/<R>/."""
-    root = Path(root)
-    up = root.parent.parent
-    if root.parent.name == LINES_DIR and (up / SERIES_NAME).is_file() and (up / LOCK_NAME).is_file():
-        return up
-    return root
 
 
 def all_lines(checkout: Path, damaged: list[str] | None = None) -> list[Line]:
