@@ -33,7 +33,7 @@ ROPE = "rope (sglang.jit_kernel.rope._jit_apply_rope_pos_ids_cos_sin_cache_modul
 FASTDIV = "fastdiv.cuh(39): error: qualified name is not allowed"
 # the sglpatch under test (a mutated copy under tests/mutants.py), for every tool process: the test
 # venv's editable install may point elsewhere; the serving Pythons never see it
-TOOL = {"PYTHONPATH": str(Path(jit_kernels.__file__).resolve().parents[1])}
+TOOL = {"PYTHONPATH": str(Path(jit_kernels.__file__).resolve().parents[2])}
 
 
 def nvcc_release() -> str:
