@@ -7,7 +7,7 @@ SGLPATCH_HOME="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 ME="$(basename "$0")"
 TOOL_VENV="${SGLPATCH_TOOL_VENV:-$SGLPATCH_HOME/.tool-venv}"
 case "$TOOL_VENV" in /*) ;; *) TOOL_VENV="$PWD/$TOOL_VENV" ;; esac
-TOOL_STAMP=".sglpatch-tool"  # written last into the venv; sglpatch.pyenv.TOOL_VENV_STAMP is the same name
+TOOL_STAMP=".sglpatch-tool"  # written last into the venv; sglpatch.pythonenv.interpreter.TOOL_VENV_STAMP is the same name
 
 # The comment block at the top of the calling script, without the '#'.
 usage() { awk 'NR == 1 { next } /^#/ { sub(/^# ?/, ""); print; next } { exit }' "$0"; }

@@ -14,7 +14,7 @@ import pytest
 
 from conftest import ROOT, SERIES, git
 from sglpatch import __version__
-from sglpatch.lock import read_lock, write_lock
+from sglpatch.upstream.pin import read_lock, write_lock
 
 try:
     import tomllib
@@ -136,8 +136,8 @@ def test_exit_codes_are_numbers_only_in_exitcodes():
     import ast
 
     for path in sorted((ROOT / "src" / "sglpatch").rglob("*.py")):
-        if path.name == "exitcodes.py" or path.parts[-2:] == ("kernel", "bench.py") or "kbench" in path.parts:
-            continue  # kernel_bench and its kbench/ package: a torchrun worker's own status (EXIT_HANG)
+        if path.name == "exitcodes.py" or path.parts[-2:] == ("kernel", "bench.py") or "microbench" in path.parts:
+            continue  # kernel_bench and its microbench/ package: a torchrun worker's own status (EXIT_HANG)
         for node in ast.walk(ast.parse(path.read_text())):
             literal = None
             if isinstance(node, ast.keyword) and node.arg == "exit_code":
@@ -260,7 +260,7 @@ def test_a_recorded_resolution_that_misfits_is_not_told_about_apply(tmp_path):
     import re
 
     from conftest import copy_project
-    from sglpatch import watch
+    from sglpatch.watch import matrix
 
     project = copy_project(tmp_path / "project")
     shutil.rmtree(project / "resolutions" / "0.5.23")  # the newest's own records would answer first
@@ -270,7 +270,7 @@ def test_a_recorded_resolution_that_misfits_is_not_told_about_apply(tmp_path):
                      count=1, flags=re.M)
     assert shifted != text
     port.write_text(shifted)
-    cell = watch.run(project, "0.5.10")["rows"][0]["cells"]["0002-pcie-custom-allreduce.patch"]
+    cell = matrix.run(project, "0.5.10")["rows"][0]["cells"]["0002-pcie-custom-allreduce.patch"]
     notes = [d for d in cell["details"] if "the recorded resolution no longer applies" in d]
     assert notes and "needs an offset of -7 lines" in notes[0], cell
     assert "a recorded resolution must fit the new upstream exactly: re-record it (scripts/rerecord.sh VERSION)" in notes[0]
@@ -336,6 +336,6 @@ def test_readme_first_contact_says_what_where_and_what_is_needed():
 def test_readme_names_the_tool_venv_the_scripts_really_use():
     lib = (ROOT / "scripts" / "lib.sh").read_text()
     assert 'TOOL_VENV="${SGLPATCH_TOOL_VENV:-$SGLPATCH_HOME/.tool-venv}"' in lib
-    from sglpatch.pyenv import TOOL_VENV_STAMP
+    from sglpatch.pythonenv.interpreter import TOOL_VENV_STAMP
 
     assert f'TOOL_STAMP="{TOOL_VENV_STAMP}"' in lib

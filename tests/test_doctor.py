@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from conftest import SERIES
-from sglpatch import pyenv
+from sglpatch.pythonenv import interpreter
 from sglpatch.gpu.doctor import checks as dc
 from sglpatch.gpu.doctor import gpu as dg
 from sglpatch.gpu.shared import profile as profiles
@@ -216,8 +216,8 @@ def test_installed_tree_without_its_dependencies_gets_the_install_deps_command(t
     assert c.text == (f"sglang 0.5.9 is installed (editable from {tree}) but does not import with {sys.executable}: "
                       "ModuleNotFoundError: No module named 'sglpatch_test_dep_not_there'; none of its 1 declared dependencies is "
                       "installed (sglpatch-test-dep-not-there missing)")
-    assert c.fix == (f"install them: {sys.executable} -m pip install -e {tree}" if not pyenv.find_uv() else
-                     f"install them: {pyenv.find_uv()} pip install --python {sys.executable} -e {tree}") + \
+    assert c.fix == (f"install them: {sys.executable} -m pip install -e {tree}" if not interpreter.find_uv() else
+                     f"install them: {interpreter.find_uv()} pip install --python {sys.executable} -e {tree}") + \
         "; or build a complete new venv: scripts/apply.sh --venv NEWDIR"
     fi, _ = dc.check_kernels(dc.probe_python(sys.executable, env), served)
     assert "usable by P5 (0.5.9 + the series)" in fi.text and "no PCIe-IPC adapter" not in fi.text, fi.line()
@@ -245,7 +245,7 @@ def test_sglang_line_of_the_patched_workdir(patched_python, patched_tree, projec
 
 
 def test_driver_against_the_cuda_of_that_torch(seen, tmp_path):
-    from sglpatch import preflight
+    from sglpatch.pythonenv import preflight
 
     major = int(seen["info"]["torch"]["cuda"].split(".")[0])
     old = {12: "520.61.05", 13: "575.57.08"}[major]
@@ -260,7 +260,7 @@ def test_driver_against_the_cuda_of_that_torch(seen, tmp_path):
 
 def test_nvcc_on_the_cuda_home_the_interpreter_sees(seen, tmp_path):
     """flashinfer's JIT: nvcc >= 12.8 for P5 on any GPU, >= 12.9 for P1 on SM12x; 12.10 is above 12.8."""
-    from sglpatch import preflight
+    from sglpatch.pythonenv import preflight
 
     rows, exe = preflight.gpus(fake_smi(tmp_path / "sm120", cap="12.0"))
     seen_nvcc = seen["tmp"] / "cuda-12.8" / "bin" / "nvcc"

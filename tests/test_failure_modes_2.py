@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 
 from conftest import SDIST_0510_SHA256, git, loosen
-from sglpatch.lock import read_lock
+from sglpatch.upstream.pin import read_lock
 import test_failure_modes as fm
 import test_venv_preflight as vp
 from test_failure_modes import (

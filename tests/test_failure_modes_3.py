@@ -21,7 +21,7 @@ import sglpatch as sglpatch_pkg
 from sglpatch import exitcodes
 from sglpatch.errors import SglpatchError
 from sglpatch.gpu.doctor import run as doctor
-from sglpatch.gpu.doctor import procs as doctor_procs
+from sglpatch.gpu.doctor import gpu_holders as doctor_procs
 
 rb_golden, rb_conflict, golden, case = fm.rb_golden, fm.rb_conflict, fm.golden, fm.case  # the failure-mode fixtures
 TOOL_SRC = str(Path(sglpatch_pkg.__file__).resolve().parents[1])
@@ -47,7 +47,7 @@ def test_kill_stale_on_another_users_worker_says_not_permitted_at_once(tmp_path)
         time.sleep(0.2)
         code = (
             "import json, sys, time, psutil\n"
-            "from sglpatch.gpu.doctor import procs as dp\n"
+            "from sglpatch.gpu.doctor import gpu_holders as dp\n"
             f"gp = dp.GpuProc({worker.pid}, ['/dev/nvidia0'], cmdline='sglang::scheduler_TP0', worker='w', parent_gone=True,"
             f" proc=psutil.Process({worker.pid}))\n"
             "t = time.monotonic(); lines = dp.end_stale([gp], grace=2.0)\n"
@@ -118,7 +118,7 @@ def test_an_unknown_option_shows_the_commands_usage_not_the_top_level_one():
 
 
 def test_watch_releases_not_on_the_index_is_a_usage_error_and_a_reversed_range_says_so(monkeypatch):
-    from sglpatch import pkgindex
+    from sglpatch.upstream import pkgindex
     from sglpatch.watch import matrix
 
     known = ["0.5.9", "0.5.10", "0.5.10.post1", "0.5.11"]
@@ -138,7 +138,7 @@ def test_watch_releases_not_on_the_index_is_a_usage_error_and_a_reversed_range_s
 
 
 def test_profile_report_refuses_batch_size_0_and_drops_an_empty_batch_bucket(tmp_path):
-    from sglpatch import verify_profile as pr
+    from sglpatch.gpu import profile_report as pr
 
     rec = {"cycles": 10, "cycle_ms_mean": 20.0, "draft_ms_mean": 5.0, "verify_ms_mean": 10.0, "extend_ms_mean": 5.0,
            "accept_length": 2.5, "baseline_step_ms": 10.0}
@@ -166,7 +166,7 @@ def test_test_and_mutants_help_show_their_exit_codes(script, table):
 def test_the_venv_preflight_fails_a_box_without_a_driver(tmp_path, monkeypatch):
     from types import SimpleNamespace
 
-    from sglpatch import preflight
+    from sglpatch.pythonenv import preflight
 
     monkeypatch.setenv("PATH", str(tmp_path))  # no nvidia-smi
     monkeypatch.delenv(preflight.NO_DRIVER_OK, raising=False)
@@ -237,7 +237,7 @@ def test_abort_checks_a_damaged_state_before_it_moves_anything(tmp_path, rb_conf
 
 
 def test_a_facts_file_of_the_wrong_shape_is_worked_out_again(tmp_path, monkeypatch):
-    from sglpatch import treecache
+    from sglpatch.upstream import treecache
 
     monkeypatch.setenv("SGLPATCH_CACHE", str(tmp_path / "cache"))
     sha = "a" * 64
@@ -261,8 +261,8 @@ def test_a_cache_entry_linked_to_dev_zero_is_one_line_not_a_hang(tmp_path, what)
     link = cache / "sdist" / "sglang-0.5.9.tar.gz" if what == "artifact" else cache / "trees.git" / "facts" / "artifact" / f"{'b' * 64}.json"
     link.parent.mkdir(parents=True)
     link.symlink_to("/dev/zero")
-    code = LIMITED + ("from sglpatch.lock import sha256_file\nprint(sha256_file(sys.argv[1]))\n" if what == "artifact" else
-                      "from sglpatch import treecache\nprint(treecache.load_facts('artifact', 'b' * 64))\n")
+    code = LIMITED + ("from sglpatch.upstream.pin import sha256_file\nprint(sha256_file(sys.argv[1]))\n" if what == "artifact" else
+                      "from sglpatch.upstream import treecache\nprint(treecache.load_facts('artifact', 'b' * 64))\n")
     env = dict(os.environ, PYTHONPATH=TOOL_SRC, SGLPATCH_CACHE=str(cache))
     r = subprocess.run([sys.executable, "-c", code, str(link)], capture_output=True, text=True, env=env, timeout=20)
     if what == "facts":

@@ -24,7 +24,10 @@ import test_failure_modes as fm
 import test_venv_preflight as vp
 from conftest import ROOT, copy_project, git, make_venv
 import sglpatch as sglpatch_pkg
-from sglpatch import exitcodes, preflight, treecache, verify_profile
+from sglpatch import exitcodes
+from sglpatch.pythonenv import preflight
+from sglpatch.upstream import treecache
+from sglpatch.gpu import profile_report
 from test_failure_modes import DEP3, DEV, P2_FILE, ok
 
 golden, case = fm.golden, fm.case  # the failure-mode fixtures (built once per session)
@@ -338,9 +341,9 @@ def test_profile_report_draws_no_verdict_from_a_batch_1_bucket_without_cycles(tm
                              "4": {"cycles": 10, "cycle_ms_mean": 20.0, "accept_length": 2.5}}}
     path = tmp_path / "p.jsonl"
     path.write_text(json.dumps(rec) + "\n")
-    s = verify_profile.summarize(verify_profile.load(path))
+    s = profile_report.summarize(profile_report.load(path))
     assert list(s["by_batch_size"]) == ["4"] and s["speedup"] is None and s["break_even_accept_length"] is None
-    text = verify_profile.format_text(str(path), s, verify_profile.predictions(s, [2.0]))
+    text = profile_report.format_text(str(path), s, profile_report.predictions(s, [2.0]))
     assert "SLOWER" not in text and "verdict" not in text and "no batch-1 cycles" in text, text
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT, git, make_venv, run_cli, sglpatch
-from sglpatch.lock import read_lock
+from sglpatch.upstream.pin import read_lock
 from sglpatch.series import read_series
 
 pytestmark = pytest.mark.slow

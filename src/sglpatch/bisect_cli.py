@@ -38,7 +38,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run_args(args) -> int:
-    from sglpatch import bisect
+    from sglpatch.bisect import driver, report
 
     cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
     if not cmd:
@@ -48,12 +48,12 @@ def run_args(args) -> int:
     workdir = ctx.workdir if ctx else cliargs.workdir(args)
     if ctx:
         print(f"sglpatch: bisect: {ctx.named()}, workdir {workdir}", file=sys.stderr, flush=True)
-    result = bisect.run(
+    result = driver.run(
         workdir, cmd, good=args.good, bad=args.bad, timeout=args.timeout, triage=args.triage,
         on_timeout=args.on_timeout, project_root=project, log_dir=args.log_dir,
     )
     sys.stderr.flush()
-    print("\n".join(bisect.format_report(result)), flush=True)
+    print("\n".join(report.format_report(result)), flush=True)
     return result.exit_code
 
 

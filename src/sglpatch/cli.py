@@ -72,7 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _add_profile_report(sub) -> None:
-    from sglpatch import verify_profile as profile_report
+    from sglpatch.gpu import profile_report
 
     p = sub.add_parser("profile-report", help="summarize an EAGLE cycle profile (SGLANG_VERIFY_PROFILE_FILE, patch 0004)",
                        description=profile_report.DESCRIPTION)

@@ -2,7 +2,7 @@
 command runs, from --project, --line, --workdir and --python (sglpatch.cli.main puts it on args.ctx
 for every command that takes --line), as Yocto devtool resolves its workspace before dispatch.
 Commands and scripts ask it; none re-derives a path (the naming rule is sglpatch.linepath's), and
-`--source auto` is decided here only (Context.source, the rule in sglpatch.upstream)."""
+`--source auto` is decided here only (Context.source, the rule in sglpatch.upstream.materialize)."""
 
 from __future__ import annotations
 
@@ -48,7 +48,7 @@ class Context:
         once): for the line's own pin, or for onto (tag, version: a rebase's target)."""
         if given != "auto":
             return given
-        from sglpatch import upstream
+        from sglpatch.upstream import materialize as upstream
 
         lock = self.line.lock
         tag, version = onto or (lock.tag, lock.version)

@@ -34,10 +34,10 @@ def cuda_of(reqs: list[str]) -> tuple[int | None, str]:
 
 
 def driver(line: lines.Line) -> str:
-    from sglpatch import newvenv, preflight
+    from sglpatch.pythonenv import new_venv, preflight
 
     try:
-        _, _, reqs = newvenv.release_metadata(newvenv.release_artifact(line.lock))
+        _, _, reqs = new_venv.release_metadata(new_venv.release_artifact(line.lock))
     except (SglpatchError, OSError) as e:
         return f"unknown: the release's Requires-Dist could not be read ({e})"
     major, why = cuda_of(reqs)

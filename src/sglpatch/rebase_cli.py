@@ -41,24 +41,26 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run_args(args) -> int:
-    from sglpatch import rebase
+    from sglpatch.rebase import outcome
 
     try:
-        return _go(args, rebase)
-    except rebase.RebaseStopped as e:
+        return _go(args)
+    except outcome.RebaseStopped as e:
         print(str(e))
         return e.exit_code
 
 
-def _go(args, rebase) -> int:
+def _go(args) -> int:
+    from sglpatch.rebase import session, classify
+
     if args.cont or args.skip or args.abort:
         if args.onto or args.promote or args.line:
             raise SglpatchError("--onto, --promote and --line go with a new rebase, not with --continue/--skip/--abort "
                                 "(those find the rebase in progress: --workdir DIR names it)", exitcodes.USAGE)
         if args.abort:
-            lines = rebase.abort(_resuming(args), _here(args))
+            lines = session.abort(_resuming(args), _here(args))
         else:
-            lines = rebase.continue_(_resuming(args), skip=args.skip)
+            lines = session.continue_(_resuming(args), skip=args.skip)
         print("\n".join(lines))
         return 0
     if not args.onto:
@@ -67,7 +69,7 @@ def _go(args, rebase) -> int:
     if args.dry_run:
         wd = ctx.workdir  # the line's own tree (its objects are borrowed read-only), never another line's
         print(f"sglpatch: rebase: {ctx.named()} ({ctx.line.where}), workdir {wd}", file=sys.stderr, flush=True)
-        res = rebase.dry_run(ctx.project, wd if wd.exists() else None, args.onto, source=_source(ctx, args),
+        res = classify.dry_run(ctx.project, wd if wd.exists() else None, args.onto, source=_source(ctx, args),
                              commit=args.commit, url=args.upstream_url)
         print("\n".join(res.lines))
         return res.exit_code
@@ -77,7 +79,7 @@ def _go(args, rebase) -> int:
                             "patches there", exitcodes.USAGE)
     wd = _workdir(args)
     print(f"sglpatch: rebase: {ctx.named()}, workdir {wd}", file=sys.stderr, flush=True)
-    lines = rebase.start(ctx.project, wd, args.onto, source=_source(ctx, args), commit=args.commit, url=args.upstream_url,
+    lines = session.start(ctx.project, wd, args.onto, source=_source(ctx, args), commit=args.commit, url=args.upstream_url,
                          promote=args.promote)
     print("\n".join(lines))
     return 0

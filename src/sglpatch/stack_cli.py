@@ -1,5 +1,5 @@
 """The core commands on the command line: apply, export, status, check, lock (their arguments and
-run functions; the work is done in sglpatch.stack, upstream, install and newvenv). apply decides
+run functions; the work is done in sglpatch.stack.build, upstream, install and newvenv). apply decides
 where the upstream tree comes from (--source auto probes the git URL), names the --venv
 workdir, installs and prints the summary."""
 
@@ -7,10 +7,13 @@ from __future__ import annotations
 
 import sys
 
-from sglpatch import cliargs, exitcodes, fiset, install, jitcheck, lineguard, linepath, newvenv, stack, upstream
+from sglpatch import cliargs, exitcodes, lineguard, linepath
+from sglpatch.pythonenv import flashinfer_set, install, jit_kernels, new_venv as newvenv
+from sglpatch.stack import build
+from sglpatch.upstream import materialize as upstream
 from sglpatch.errors import SglpatchError, say
 from sglpatch import lines
-from sglpatch.lock import read_lock
+from sglpatch.upstream.pin import read_lock
 
 
 def _cmd_apply(args) -> int:
@@ -51,12 +54,12 @@ def _cmd_apply(args) -> int:
             lineguard.guard_release(ctx.python, line, ctx.opt, args.other_release, workdir)
             args.compiled_for = lineguard.guard_wheel_python(ctx.python, line, ctx.opt)  # the cpXY to take extensions for
         if args.with_flashinfer and not args.venv:  # into --python: the set is read (and checked), and its plan shown, before any work
-            fs = fiset.read(project)
+            fs = flashinfer_set.read(project)
             if args.dry_run:
                 print("dry run: the tree is not built and nothing is installed")
-                print("\n".join(fiset.install_into(ctx.python, fs, args.installer, dry_run=True)))
+                print("\n".join(flashinfer_set.install_into(ctx.python, fs, args.installer, dry_run=True)))
                 return 0
-            fplan = fiset.plan_first(ctx.python, fs)
+            fplan = flashinfer_set.plan_first(ctx.python, fs)
         if args.upstream_url:
             upstream.validate_url(args.upstream_url)
         source = ctx.source(args.source, args.upstream_url, args.probe_timeout)
@@ -66,9 +69,9 @@ def _cmd_apply(args) -> int:
             print(result.message)
             _install(args, ctx, workdir, prep, fs, fplan)
 
-        stack.apply(project, workdir, source=source, force=args.force, python=args.python, url=args.upstream_url,
+        build.apply(project, workdir, source=source, force=args.force, python=args.python, url=args.upstream_url,
                     sdist_fallback=args.source == "auto", then=install_step)
-        patches = stack.carried(project, workdir)
+        patches = build.carried(project, workdir)
         print(f"{workdir} (branch patched, {ctx.named()}) carries {len(patches)} patches:")
         for p in patches:
             print(f"  {p}")
@@ -89,7 +92,7 @@ def _install(args, ctx, workdir, prep, fs, fplan) -> None:
             say(lineguard.compiled_for(workdir, ctx.line, args.compiled_for, str(prep.python)))
         print(install.install(workdir, python=str(prep.python), installer=prep.plan.installer, version=lock.version, lock=lock))
         if prep.flashinfer:
-            print(fiset.verdict(str(prep.python), prep.flashinfer, prep.plan.installer))
+            print(flashinfer_set.verdict(str(prep.python), prep.flashinfer, prep.plan.installer))
         newvenv.mark_complete(prep)
         _venv_summary(prep, args)
     elif not args.no_install:
@@ -98,26 +101,26 @@ def _install(args, ctx, workdir, prep, fs, fplan) -> None:
         print(install.install(workdir, python=args.python, installer=args.installer, version=lock.version, lock=lock))
         py = ctx.python
         if args.with_flashinfer:
-            print("\n".join(fiset.install_into(py, fs, args.installer, plan=fplan,
-                                                   record=lambda cmd: fiset.record_way_back(workdir, cmd))))
+            print("\n".join(flashinfer_set.install_into(py, fs, args.installer, plan=fplan,
+                                                   record=lambda cmd: flashinfer_set.record_way_back(workdir, cmd))))
         print("\n".join(install.report(py, workdir, lock.version, ctx.opt)))
 
 
 def _jit_check(py: str, workdir, new_venv: bool = False) -> None:
-    """The JIT kernels that include flashinfer's headers, built in py for the target (sglpatch.jitcheck):
+    """The JIT kernels that include flashinfer's headers, built in py for the target (sglpatch.pythonenv.jit_kernels):
     a line when they build or cannot be checked here; a kernel that does not build is the error,
     with the command that restores the flashinfer set this apply (or an earlier one) replaced."""
-    say(f"jit-kernels: building the JIT kernels that include flashinfer headers in {py} for {jitcheck.sm(jitcheck.ARCH)} "
+    say(f"jit-kernels: building the JIT kernels that include flashinfer headers in {py} for {jit_kernels.sm(jit_kernels.ARCH)} "
         "(compile only, no GPU; about 20 s each)")
-    v = jitcheck.run(py)
+    v = jit_kernels.run(py)
     if v.state == "fail":
-        back = f"none needed, the new venv {py} is all it touched (delete it)" if new_venv else fiset.recorded_way_back(workdir)
+        back = f"none needed, the new venv {py} is all it touched (delete it)" if new_venv else flashinfer_set.recorded_way_back(workdir)
         raise SglpatchError(v.line(back or ""))
     print(v.line())
 
 
 def _tree_agrees(workdir, fs) -> None:
-    bad = fiset.tree_conflicts(workdir, fs)
+    bad = flashinfer_set.tree_conflicts(workdir, fs)
     if bad:
         raise SglpatchError(f"the patched tree's python/pyproject.toml pins {', '.join(bad)}: pip check would fail after "
                             "--with-flashinfer; the series must carry P5's pin change (deps/flashinfer.toml); nothing was installed")
@@ -136,10 +139,10 @@ def _cmd_export(args) -> int:
     line, wd = ctx.line, ctx.workdir
     held = ctx.held()  # a line's commits go to that line's files, never to another's
     if held and held.root != line.root and not args.line:
-        line = held  # without --line: the line the tree holds (stack.export checks the pin against its lock)
+        line = held  # without --line: the line the tree holds (build.export checks the pin against its lock)
     print(f"sglpatch: export: {ctx.named(line)}, workdir {wd}", file=sys.stderr, flush=True)
     try:
-        res = stack.export(line.root, wd)
+        res = build.export(line.root, wd)
     except OSError as e:
         raise cliargs.os_error(e) from None
     total = len(res.written) + len(res.unchanged)
@@ -159,7 +162,7 @@ def _cmd_status(args) -> int:
     ctx = cliargs.ctx(args)
     line, wd = ctx.line, ctx.workdir
     held = ctx.held()
-    print("\n".join(stack.status((held if held and not args.line else line).root, wd)))  # without --line: the one it holds
+    print("\n".join(build.status((held if held and not args.line else line).root, wd)))  # without --line: the one it holds
     print(lines.status_line(held))
     return 0
 
@@ -168,7 +171,7 @@ def _cmd_check(args) -> int:
     ctx = cliargs.ctx(args)
     workdir = ctx.workdir if args.workdir else None
     print(f"sglpatch: check: {ctx.named()} ({ctx.line.where})", file=sys.stderr, flush=True)
-    problems = stack.check(ctx.project, workdir, source=ctx.source(args.source))
+    problems = build.check(ctx.project, workdir, source=ctx.source(args.source))
     for p in problems:
         print(f"FAIL {p}")
     if problems:
@@ -183,7 +186,7 @@ def _cmd_lock(args) -> int:
     if args.resolve:
         print(upstream.resolve_commit(project))
     if args.update_blobs:
-        blobs = stack.update_blobs(project, cliargs.workdir(args))
+        blobs = build.update_blobs(project, cliargs.workdir(args))
         print(f"upstream.lock: {len(blobs)} blob ids recorded")
     if not (args.resolve or args.update_blobs):
         print(read_lock(project).dumps(), end="")

@@ -30,13 +30,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run_args(args) -> int:
-    from sglpatch import watch
+    from sglpatch.watch import report
 
     if args.jobs is not None and args.jobs < 1:
         raise SglpatchError("--jobs must be 1 or more", exitcodes.USAGE)
     ctx = cliargs.ctx(args)  # --line R: R's series against the releases after R's pin
     print(f"sglpatch: watch: {ctx.named()} ({ctx.line.where})", file=sys.stderr, flush=True)
-    return watch.main(ctx.project, releases=args.releases, json_out=args.json, md_out=args.markdown,
+    return report.main(ctx.project, releases=args.releases, json_out=args.json, md_out=args.markdown,
                       command=args.command_line, jobs=args.jobs, recheck=args.recheck)
 
 

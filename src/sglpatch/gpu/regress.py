@@ -21,7 +21,8 @@ import shlex
 import sys
 from pathlib import Path
 
-from sglpatch import exitcodes, pyenv
+from sglpatch import exitcodes
+from sglpatch.pythonenv import interpreter
 from sglpatch.errors import SglpatchError
 from sglpatch.gpu.cpu.tier import CpuTier
 from sglpatch.gpu.kernel.tier import KernelTier
@@ -58,7 +59,7 @@ def run_regress(tier: str = "all", profile: str | None = None, report: str | Non
     if baseline and not Path(baseline).is_file():
         raise usage_error(f"--baseline {baseline}: no such file (give a previous report.json)")
     for p in pythons:  # the Python(s) under test: checked before anything is written
-        pyenv.check_python(p.strip())
+        interpreter.check_python(p.strip())
     python = ",".join(expand(p.strip()) for p in pythons) or None
     if len(pythons) == 1:
         for t in ("kernel", "server"):

@@ -29,11 +29,12 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from sglpatch import exitcodes, jitcheck, preflight
+from sglpatch import exitcodes
+from sglpatch.pythonenv import jit_kernels, preflight
 from sglpatch.errors import SglpatchError, say
 from sglpatch.gpu.doctor import checks as dc
 from sglpatch.gpu.doctor import gpu as dg
-from sglpatch.gpu.doctor import procs as dp
+from sglpatch.gpu.doctor import gpu_holders as dp
 from sglpatch.gpu.shared import topology
 from sglpatch.gpu.shared.profile import expand, find_project_root, load_profile, resolve_profile_path
 from sglpatch.gpu.shared.report import TierResult
@@ -57,7 +58,7 @@ class Box:
     p2p_timeout: float = 20.0
     p2p_start_timeout: float = 180.0
     p2p: bool = True
-    jit: bool = True  # build the JIT kernels that include flashinfer headers (sglpatch.jitcheck)
+    jit: bool = True  # build the JIT kernels that include flashinfer headers (sglpatch.pythonenv.jit_kernels)
     reapers: frozenset = dp.REAPER_PIDS  # the PIDs that adopt orphans (a subreaper's too, where one runs)
 
     def smi(self) -> str | None:
@@ -143,7 +144,7 @@ def run_doctor(python: str, prof: dict, project: Path, box: Box | None = None, e
     launch_args = [str(a) for a in (prof.get("server") or {}).get("launch_args", [])]
     add(dc.check_sglang(served), dc.check_torch(info, bool(rows)), *dc.check_kernels(info, served),
         dc.check_env(info, env, prof.get("env") or {}), dc.check_traps(info.get("env") or env, launch_args, klass))
-    arch = str((prof.get("target") or {}).get("cuda_arch") or jitcheck.ARCH)
+    arch = str((prof.get("target") or {}).get("cuda_arch") or jit_kernels.ARCH)
     add(dc.check_driver(info, rows, exe), dc.check_nvcc(info, rows, exe),
         dc.check_jit(python, env, arch, served.get("workdir"), box.jit), dc.check_shm(box.shm),
         dc.check_memlock(info), dc.check_build_jobs(info, dc.meminfo(box.proc_root)))

@@ -10,7 +10,7 @@ import inspect
 import os
 import time
 
-from sglpatch.gpu.kernel.kbench.common import RMS_EPS, Backend, FusedBackend, InPlaceBackend, Unavailable, import_first
+from sglpatch.gpu.kernel.microbench.common import RMS_EPS, Backend, FusedBackend, InPlaceBackend, Unavailable, import_first
 
 
 class NcclBackend(InPlaceBackend):
@@ -252,8 +252,8 @@ class SelftestHangBackend(NcclBackend):
 
 
 def _registry() -> dict:
-    from sglpatch.gpu.kernel.kbench import fi_backends as fi
-    from sglpatch.gpu.kernel.kbench import pcie_ipc
+    from sglpatch.gpu.kernel.microbench import fi_backends as fi
+    from sglpatch.gpu.kernel.microbench import pcie_ipc
 
     classes = (NcclBackend, NcclAddRmsnormBackend, SymmMemBackend, CustomArBackend, MscclppBackend,
                fi.FlashinferFusedBackend, pcie_ipc.PcieIpcBackend, pcie_ipc.PcieIpcTunedBackend, fi.B12xOneshotBackend, fi.B12xTwoshotBackend,

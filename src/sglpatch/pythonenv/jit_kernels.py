@@ -5,7 +5,7 @@ headers, the way SGLang builds it at its first CUDA forward: compile only, no GP
 against the installed flashinfer's headers; flashinfer 0.7.2's need a newer CCCL than CUDA 12.8's
 (P6 puts flashinfer's bundled one first). A header that does not compile kills the server at its
 first forward, long after the load. `sglpatch apply --with-flashinfer` runs this after installing
-the set, `sglpatch doctor` as its `jit-kernels` check; `python -m sglpatch.jitcheck --python PY`
+the set, `sglpatch doctor` as its `jit-kernels` check; `python -m sglpatch.pythonenv.jit_kernels --python PY`
 runs it alone (exit 0 built, 1 a kernel does not build, 125 cannot check here).
 
 How: this file, run by PY (`PY -c CHILD`: runpy, its folder kept off sys.path; standard library
@@ -241,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from sglpatch import exitcodes
 
-    p = argparse.ArgumentParser(prog="python -m sglpatch.jitcheck", description=__doc__.split("\n\n")[0],
+    p = argparse.ArgumentParser(prog="python -m sglpatch.pythonenv.jit_kernels", description=__doc__.split("\n\n")[0],
                                 epilog=exitcodes.epilog(), formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--python", default=sys.executable, help="the serving interpreter (default: this one)")
     p.add_argument("--arch", default=ARCH, help=f"TVM_FFI_CUDA_ARCH_LIST, the target's architecture (default: {ARCH})")

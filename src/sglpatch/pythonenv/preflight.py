@@ -223,7 +223,7 @@ def check_cuda12(selection) -> list[Check]:
 
 def check_arch(plan, selection) -> Check:
     """--cuda: the GPUs against the newest architecture the plan's torch build has kernels for."""
-    from sglpatch.cudavariant import WAY_OUT
+    from sglpatch.pythonenv.cuda_builds import WAY_OUT
 
     for p in plan.packages:
         entry = selection.table.local.get(p.name)

@@ -6,7 +6,7 @@ Three sources, all verified against every field of upstream.lock:
   downloads release files, through the user's own pip configuration), sha256-checked, extracted
   under ``python/`` (the sdist is the repository's ``python/`` folder) and committed with fixed
   identity and dates, so the commit id is the same everywhere. When the tree cache holds the
-  very tree the sdist makes (``sglpatch.unpack`` works its id out from the file), the workdir
+  very tree the sdist makes (``sglpatch.upstream.unpack`` works its id out from the file), the workdir
   fetches it from there instead of extracting the sdist again: the same commit.
 * ``wheel``: for wheel-only releases, the wheel's ``sglang/`` (``artifacts.fetch``, checked
   against the index's sha256 and the lock's).
@@ -27,10 +27,10 @@ from pathlib import Path
 from sglpatch.errors import SglpatchError, say
 from sglpatch.fsutil import crashpoint, tmp_prefix
 from sglpatch.gitcmd import Git, last_line, validate_ref, validate_url
-from sglpatch import artifacts, pkgindex, treecache
-from sglpatch.cachedir import cache_dir
-from sglpatch.lock import UNKNOWN_COMMIT, Lock, LockError
-from sglpatch.unpack import commit_tree, commits_match, sdist_tree, safe_extract
+from sglpatch.upstream import artifacts, pkgindex, treecache
+from sglpatch.upstream.cachedir import cache_dir
+from sglpatch.upstream.pin import UNKNOWN_COMMIT, Lock, LockError
+from sglpatch.upstream.unpack import commit_tree, commits_match, sdist_tree, safe_extract
 from sglpatch.workdir import UPSTREAM_BRANCH, pin_key, scratch_dir
 
 PIN_TRAILER = "Sglpatch-Pin"
@@ -220,7 +220,7 @@ def materialize(
 
 def resolve_commit(project: Path) -> str:
     """Replace upstream.commit by the full 40-hex id the tag points at (git ls-remote)."""
-    from sglpatch.lock import read_lock, write_lock
+    from sglpatch.upstream.pin import read_lock, write_lock
 
     lock = read_lock(project)
     url = validate_url(lock.url)

@@ -4,7 +4,7 @@ index pip is configured with (``PIP_INDEX_URL`` / ``pip config get global.index-
 PyPI) or another one named; which releases it offers and which file of a release to take. The
 index is untrusted input: odd file names and URLs are ignored, an answer of the wrong shape is
 one line. Its last answer is kept in the cache and used, with a warning, when it does not
-answer. Downloading what it lists is ``sglpatch.artifacts``'.
+answer. Downloading what it lists is ``sglpatch.upstream.artifacts``'.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 from sglpatch import exitcodes
-from sglpatch.cachedir import cache_dir
+from sglpatch.upstream.cachedir import cache_dir
 from sglpatch.errors import SglpatchError, say
 from sglpatch.fsutil import crashpoint
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from sglpatch.errors import SglpatchError
-from sglpatch.pyenv import norm_name as norm
+from sglpatch.pythonenv.interpreter import norm_name as norm
 
 NEVER = ("torch",)  # an install into the serving Python never installs or upgrades these
 _UV = {"index-url": "--index-url", "extra-index-url": "--extra-index-url", "find-links": "--find-links", "constraint": "--constraints"}

@@ -18,7 +18,7 @@ import os
 import time
 import warnings
 
-from sglpatch.gpu.kernel.kbench.common import Backend, Unavailable, import_first
+from sglpatch.gpu.kernel.microbench.common import Backend, Unavailable, import_first
 
 
 def _dist_version(name: str) -> str:

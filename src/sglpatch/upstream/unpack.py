@@ -4,7 +4,7 @@ id of that tree worked out from the tarball alone, writing nothing.
 Both read the tarball's members the same way (one top-level folder; no links and nothing leaving
 it, refused; PKG-INFO and the top ``*.egg-info/`` left out, as build artifacts), so the id is the
 id of the tree an extraction commits. A tree of that id is this sdist's tree, wherever it comes
-from: git checks every object it receives against its id. The tree cache (sglpatch.treecache)
+from: git checks every object it receives against its id. The tree cache (sglpatch.upstream.treecache)
 serves it to workdirs that way instead of extracting the sdist again.
 """
 

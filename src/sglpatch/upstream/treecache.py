@@ -6,7 +6,7 @@ objects read-only (``objects/info/alternates``) instead of extracting tens of th
 files again. The tree is the one ``upstream.build_registry`` commits (same extraction), so a
 dry run classifies exactly what a real rebase would see. An apply or a real rebase fetches an
 sdist's tree from here into its workdir (``lend``) when it is the tree the sdist makes, its id
-worked out from the verified file (``sglpatch.unpack``).
+worked out from the verified file (``sglpatch.upstream.unpack``).
 
 Facts about a tree or a blob that are costly to find and never change (git objects are
 immutable) are kept next to it, in ``facts/<kind>/<object id>.json`` under the cache repo.
@@ -26,14 +26,14 @@ import re
 import time
 from pathlib import Path
 
-from sglpatch import artifacts, pkgindex
-from sglpatch.cachedir import cache_dir, cache_subdir
+from sglpatch.upstream import artifacts, pkgindex
+from sglpatch.upstream.cachedir import cache_dir, cache_subdir
 from sglpatch.errors import SglpatchError, say
 from sglpatch.fsutil import clean_stale_tmp, crashpoint, open_regular, private_tmpdir
 from sglpatch.gitcmd import Git, GitError, last_line
-from sglpatch.lock import UNKNOWN_COMMIT, Lock, LockError
-from sglpatch.unpack import commit_tree as _commit_tree
-from sglpatch.unpack import commits_match, safe_extract
+from sglpatch.upstream.pin import UNKNOWN_COMMIT, Lock, LockError
+from sglpatch.upstream.unpack import commit_tree as _commit_tree
+from sglpatch.upstream.unpack import commits_match, safe_extract
 
 TREE_REF = "refs/sglpatch/trees"
 
@@ -219,7 +219,7 @@ UPLOAD_PACK = "git -c pack.window=0 -c pack.compression=1 upload-pack"
 def lend(git: Git, kind: str, path: Path, sha256: str, subdir: str, tree: str) -> bool:
     """Put the tree of the verified artifact at path into git's objects from the cache (unpacked
     into it first when missing), when the cached tree is `tree`, the id worked out from the
-    artifact itself (sglpatch.unpack). git fetch checks each object it receives against its id,
+    artifact itself (sglpatch.upstream.unpack). git fetch checks each object it receives against its id,
     so nothing but that tree's files can come in, whatever the cache holds. Whether it did;
     False (one line when the cache was there but unusable): the caller extracts the artifact."""
     try:

@@ -1,6 +1,6 @@
 """Registry artifacts of a release (sdist or wheel): a verified download into the cache,
 unpacking, and their metadata. This is the one module that downloads release files (``git
-fetch`` of a tag is ``upstream``'s; which files a release has is ``sglpatch.pkgindex``'s).
+fetch`` of a tag is ``upstream``'s; which files a release has is ``sglpatch.upstream.pkgindex``'s).
 
 Every artifact, also one found in the cache, is checked against a sha256 before it is used:
 ``fetch`` against the one the package index publishes for it (``pkgindex``: PEP 691 JSON, or the
@@ -26,12 +26,12 @@ import zlib
 from contextlib import contextmanager
 from pathlib import Path
 
-from sglpatch import pkgindex
-from sglpatch.cachedir import cache_dir, cache_subdir
+from sglpatch.upstream import pkgindex
+from sglpatch.upstream.cachedir import cache_dir, cache_subdir
 from sglpatch.errors import SglpatchError, say
 from sglpatch.gitcmd import last_line
-from sglpatch.lock import Lock, LockError, sha256_file
-from sglpatch.pkgindex import WHEEL_PLATFORM, WHEEL_PY, Artifact, ArtifactError
+from sglpatch.upstream.pin import Lock, LockError, sha256_file
+from sglpatch.upstream.pkgindex import WHEEL_PLATFORM, WHEEL_PY, Artifact, ArtifactError
 
 
 def fetch(name: str, version: str, kind: str, python: str | None = None, expect_sha256: str | None = None) -> tuple[Artifact, Path]:

@@ -4,7 +4,7 @@ requirements installed in the same resolver call (``override``), the packages th
 
 Into an existing Python (``apply --python P --with-flashinfer``, ``scripts/apply.sh``): what P has
 is read first; when it already holds the set nothing is installed. Otherwise pip's plan with the
-user's pip configuration comes first (``plan_first``, sglpatch.pipconf: added, changed, removed,
+user's pip configuration comes first (``plan_first``, sglpatch.pythonenv.pip_config: added, changed, removed,
 sizes; refused when it would install or upgrade torch), then one installer call (uv when found,
 handed pip's configuration, else pip) installs exactly that plan, then
 the packages to remove are uninstalled, then ``pip check`` runs: a line of it that names a package
@@ -12,7 +12,7 @@ of the set fails the step (the others are P's own and are listed). The versions 
 first as the command that puts them back. A dry run prints the installer's own dry-run plan.
 
 The way back is also recorded in the workdir (``record_way_back``): after the install,
-``sglpatch.jitcheck`` builds the JIT kernels that include flashinfer's headers, and a kernel that
+``sglpatch.pythonenv.jit_kernels`` builds the JIT kernels that include flashinfer's headers, and a kernel that
 does not build names it, as ``sglpatch doctor`` does later.
 
 Into a new venv (``apply --venv DIR --with-flashinfer``): ``rewrite`` turns the release's pins into
@@ -30,10 +30,11 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
-from sglpatch import pipconf, toml
+from sglpatch.pythonenv import pip_config as pipconf
+from sglpatch import toml
 from sglpatch.errors import SglpatchError, say
-from sglpatch.pyenv import find_uv, installed_distributions
-from sglpatch.pyenv import norm_name as norm
+from sglpatch.pythonenv.interpreter import find_uv, installed_distributions
+from sglpatch.pythonenv.interpreter import norm_name as norm
 
 TABLE = Path("deps") / "flashinfer.toml"
 PACKAGE = "flashinfer-python"

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sglpatch import lineguard, lines
-from sglpatch import upstream as up
+from sglpatch.upstream import materialize as up
 from sglpatch.errors import SglpatchError, say
 from sglpatch.fsutil import crashpoint, private_tmpdir, remove, write_if_changed
 from sglpatch.gitcmd import FIXED_DATE, Git, last_line
@@ -424,7 +424,7 @@ def touched_blobs(git: Git, base: str, patches: list[PatchFile]) -> dict[str, st
 
 def update_blobs(project_root: Path, workdir: Path) -> dict[str, str]:
     """Recompute lock.blobs from the upstream branch for the files the series touches."""
-    from sglpatch.lock import write_lock
+    from sglpatch.upstream.pin import write_lock
 
     project = Project.load(project_root)
     with Workdir(workdir).transaction() as git:

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from sglpatch import toml
-from sglpatch import pkgindex
+from sglpatch.upstream import pkgindex
 from sglpatch.errors import SglpatchError
 
 
@@ -67,7 +67,7 @@ def _sm(text: str) -> tuple[int, ...]:
 
 def load(project: Path) -> Table:
     """The project's table, every field checked (it is untrusted input like any project file)."""
-    from sglpatch.lines import checkout_of
+    from sglpatch.project import checkout_of
 
     path = checkout_of(Path(project)) / TABLE  # a line folder (lines/R/) reads the checkout's table
     try:

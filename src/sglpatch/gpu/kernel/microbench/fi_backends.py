@@ -4,7 +4,7 @@ still checked exactly against the sum of the inputs, i.e. NCCL's result):
 
 - `flashinfer_fused`: `comm.trtllm_allreduce_fusion` (allreduce + residual + RMSNorm, P1's path)
 - `pcie_ipc`, `pcie_ipc_tuned`: `comm.PcieIpcAllReduceWorkspace` (flashinfer >= 0.7.0) as P5
-  serves it, seed and tuned (kbench/pcie_ipc.py)
+  serves it, seed and tuned (microbench/pcie_ipc.py)
 - `b12x_oneshot` / `b12x_fused`: `experimental.b12x.comm.pcie.OneshotAllReduce` (`all_reduce`,
   `all_reduce_fused_add_rms_norm`: at most 36 rows), SM120/SM121 only
 - `b12x_twoshot`: `experimental.b12x.comm.pcie.PCIeTwoShotBF16.all_reduce` (world size 4 only)
@@ -16,7 +16,7 @@ first eager use; the measurement warms every shape up eagerly before any CUDA-gr
 
 from __future__ import annotations
 
-from sglpatch.gpu.kernel.kbench.common import RMS_EPS, Backend, FusedBackend, Unavailable, import_first
+from sglpatch.gpu.kernel.microbench.common import RMS_EPS, Backend, FusedBackend, Unavailable, import_first
 
 
 class FlashinferFusedBackend(FusedBackend):

@@ -15,9 +15,9 @@ from __future__ import annotations
 import time
 import traceback
 
-from sglpatch.gpu.kernel.kbench.backends import NcclBackend, backend_class
-from sglpatch.gpu.kernel.kbench.common import Backend, Watchdog, gather, set_up_backend
-from sglpatch.gpu.kernel.kbench.measure import CpuReplay
+from sglpatch.gpu.kernel.microbench.backends import NcclBackend, backend_class
+from sglpatch.gpu.kernel.microbench.common import Backend, Watchdog, gather, set_up_backend
+from sglpatch.gpu.kernel.microbench.measure import CpuReplay
 
 STRESS_DEFAULT_SIZES = [1, 2, 3, 4, 8, 16]
 STRESS_SCHEMA = "sglpatch.kernel_bench.stress/1"

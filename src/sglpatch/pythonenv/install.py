@@ -15,23 +15,24 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-from sglpatch import exitcodes, pyenv
+from sglpatch import exitcodes
+from sglpatch.pythonenv import interpreter
 from sglpatch.errors import SglpatchError
 from sglpatch.fsutil import crashpoint
 from sglpatch.gitcmd import Git
-from sglpatch.pyenv import find_uv
+from sglpatch.pythonenv.interpreter import find_uv
 from sglpatch.workdir import INSTALLED_KEY, put_back_built, scratch_dir
 
 def check_target(python: str | None, installs: bool) -> None:
     """Before any work: a --python that is not a Python is a one-line usage error; the interpreter
     to install into (python, else this one) is neither the tool's own venv nor a system Python
     that PEP 668 closes (the install would fail only after the build)."""
-    facts = pyenv.check_python(python) if python else None
+    facts = interpreter.check_python(python) if python else None
     if not installs:
         return
-    if not python and Path(sys.prefix, pyenv.TOOL_VENV_STAMP).exists():
+    if not python and Path(sys.prefix, interpreter.TOOL_VENV_STAMP).exists():
         raise SglpatchError(f"{sys.prefix} is the sglpatch tool's own venv, not a serving Python; pass --python PATH", exitcodes.USAGE)
-    pyenv.refuse_system_python(python or sys.executable, facts or pyenv.check_python(sys.executable, "this Python"))
+    interpreter.refuse_system_python(python or sys.executable, facts or interpreter.check_python(sys.executable, "this Python"))
 
 
 def record(workdir: Path, python: str) -> None:
@@ -131,7 +132,7 @@ def editable_wheel(src: Path, metadata: bytes, name: str, version: str, dest: Pa
 
 def _release_metadata(lock) -> bytes:
     """The locked wheel's METADATA (index-verified, from the cache or downloaded)."""
-    from sglpatch import artifacts
+    from sglpatch.upstream import artifacts
 
     _, path = artifacts.fetch(lock.name, lock.version, "wheel", expect_sha256=lock.sdist_sha256)
     data = artifacts.metadata_bytes(path)
@@ -201,20 +202,20 @@ def install(workdir: Path, python: str | None = None, installer: str = "auto", v
 
 def report(python: str, workdir: Path, version: str | None, opt: str = "") -> list[str]:
     """What python imports now; when that is not the tree, why, and what to do (the exact command)."""
-    st = pyenv.module_state(python)
+    st = interpreter.module_state(python)
     if st is not None and st.ok:
         return [f"{python} imports sglang {st.version or '?'} from {st.file}"]
     if st is not None and st.lacks_dependencies:
         tree = str(Path(workdir).resolve() / "python")
         if wheel_sourced(Path(tree)):  # no pyproject.toml: `pip install -e` cannot read the pins from it
             return [
-                f"warning: {python} cannot import sglang yet: {pyenv.missing_summary(st)}",
+                f"warning: {python} cannot import sglang yet: {interpreter.missing_summary(st)}",
                 f"  SGLang {version}'s own dependencies: build a complete new venv (the release's pinned set, checked first): "
                 f"scripts/apply.sh{opt} --venv NEWDIR",
             ]
         return [
-            f"warning: {python} cannot import sglang yet: {pyenv.missing_summary(st)}",
-            f"  install SGLang {version}'s own dependencies: {pyenv.deps_command(python, tree, version, find_uv())}",
+            f"warning: {python} cannot import sglang yet: {interpreter.missing_summary(st)}",
+            f"  install SGLang {version}'s own dependencies: {interpreter.deps_command(python, tree, version, find_uv())}",
             f"  or build a complete new venv instead (the release's pinned set, checked first): scripts/apply.sh{opt} --venv NEWDIR",
         ]
     why = st.error if st is not None and st.error else "it does not run"

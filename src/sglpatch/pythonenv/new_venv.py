@@ -5,8 +5,8 @@ the patched tree (editable, --no-deps). No other environment is touched.
 The install plan comes from the installer's own resolver (``uv pip compile --format
 pylock.toml`` when uv is found, else ``pip install --dry-run --report``) for the interpreter
 the venv is made from; the venv then receives exactly that plan. The preflight
-(sglpatch.preflight) reads the plan before anything is created. ``--cuda 12.N`` resolves the
-CUDA 12 builds instead (sglpatch.cudavariant: the rewritten requirements and their indexes).
+(sglpatch.pythonenv.preflight) reads the plan before anything is created. ``--cuda 12.N`` resolves the
+CUDA 12 builds instead (sglpatch.pythonenv.cuda_builds: the rewritten requirements and their indexes).
 """
 
 from __future__ import annotations
@@ -23,13 +23,15 @@ from email.parser import Parser
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
-from sglpatch import artifacts, cudavariant, fiset, preflight, toml
+from sglpatch.upstream import artifacts
+from sglpatch.pythonenv import cuda_builds as cudavariant, flashinfer_set, preflight
+from sglpatch import toml
 from sglpatch.errors import SglpatchError, say
 from sglpatch.fsutil import crashpoint, private_tmpdir
-from sglpatch.install import find_uv
-from sglpatch.lock import read_lock
-from sglpatch.pyenv import installed_distributions
-from sglpatch.pyenv import norm_name as norm
+from sglpatch.pythonenv.install import find_uv
+from sglpatch.upstream.pin import read_lock
+from sglpatch.pythonenv.interpreter import installed_distributions
+from sglpatch.pythonenv.interpreter import norm_name as norm
 
 
 _REQ = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*(\[[^\]]*\])?\s*(.*?)\s*(;.*)?$")
@@ -188,7 +190,7 @@ def guard_workdir(workdir: Path, python: str) -> None:
 def release_artifact(lock) -> Path:
     """The locked release's own artifact, to read its Requires-Dist from: the sdist, or for a
     wheel-only release (0.5.11 on) the locked wheel, fetched and checked against the sha256 the
-    index publishes and the one the lock records (sglpatch.artifacts)."""
+    index publishes and the one the lock records (sglpatch.upstream.artifacts)."""
     if lock.artifact_kind == "wheel":
         return artifacts.fetch(lock.name, lock.version, "wheel", expect_sha256=lock.sdist_sha256)[1]
     return artifacts.fetch_sdist(lock)
@@ -202,7 +204,7 @@ class Prepared:
     checks: list[preflight.Check]
     tmp: tempfile.TemporaryDirectory
     cuda: cudavariant.Selection | None = None
-    flashinfer: fiset.FlashinferSet | None = None  # --with-flashinfer: the set, for pip check after the build
+    flashinfer: flashinfer_set.FlashinferSet | None = None  # --with-flashinfer: the set, for pip check after the build
 
     @property
     def refused(self) -> list[preflight.Check]:
@@ -227,9 +229,9 @@ def prepare(project: Path, venv_dir: Path, python: str, installer: str, p1: bool
     if norm(name) != norm(lock.name) or version != lock.version:
         raise SglpatchError(f"{artifact.name} is {name} {version}, but upstream.lock pins {lock.name} {lock.version}")
     notes: list[str] = []
-    fs = fiset.read(project) if p1 else None
+    fs = flashinfer_set.read(project) if p1 else None
     if fs:  # --with-flashinfer: deps/flashinfer.toml's set in place of the release's flashinfer pins
-        reqs, notes = fiset.rewrite(reqs, fs)
+        reqs, notes = flashinfer_set.rewrite(reqs, fs)
     sel = None
     if cuda:
         say(f"--cuda {cuda}: looking up the CUDA 12 builds of the release's CUDA-specific requirements ({cudavariant.TABLE})")
