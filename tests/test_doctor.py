@@ -502,14 +502,14 @@ def test_regress_server_tier_runs_the_doctor_first_and_refuses_the_load(tmp_path
     """))
     env = base_env({"PYTHONPATH": str(good), "PATH": f"{smi_dir}:{os.environ['PATH']}"})
     cmd = [sys.executable, "-m", "sglpatch.gpu.regress", "--tier", "server", "--profile", "t", "--project", str(proj)]
-    r = subprocess.run([*cmd, "--report", str(tmp_path / "r1")], capture_output=True, text=True, env=env, timeout=300)
+    r = subprocess.run([*cmd, "--report-dir", str(tmp_path / "r1")], capture_output=True, text=True, env=env, timeout=300)
     assert r.returncode == 125, r.stdout + r.stderr
     assert "tier server: cannot_run: the doctor refused the load: gpu-memory failed (doctor.json); fix them, or pass " \
            "--no-doctor" in r.stdout
     assert "  - doctor: fail gpu-memory: GPU 7 short of memory (3.0 GiB free; needs " in r.stdout
     assert "sglpatch: warn sglang: " in r.stderr and "sglpatch: fail gpu-memory" in r.stderr
     assert not launched.exists() and json.loads((tmp_path / "r1" / "doctor.json").read_text())["status"] == "fail"
-    r = subprocess.run([*cmd, "--report", str(tmp_path / "r2"), "--no-doctor"], capture_output=True, text=True,
+    r = subprocess.run([*cmd, "--report-dir", str(tmp_path / "r2"), "--no-doctor"], capture_output=True, text=True,
                        env=env, timeout=300)
     assert launched.exists() and not (tmp_path / "r2" / "doctor.json").exists(), r.stdout + r.stderr
 
