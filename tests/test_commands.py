@@ -126,3 +126,13 @@ def test_scripts_take_a_lone_dash_as_a_value(tmp_path):
                          capture_output=True, text=True)
     assert res.returncode == 2 and res.stderr.strip() == "x: --json needs a value (see x --help)"
     assert Path(ROOT / "scripts" / "regress.sh").read_text().count("--report-dir") >= 2
+
+
+def test_applys_options_come_in_groups():
+    _, parsers = cli.build_parser()
+    text = parsers["apply"].format_help()
+    heads = ["which tree:", "the upstream tree:", "where it is installed:", "a new venv:"]
+    assert [text.index(h) for h in heads] == sorted(text.index(h) for h in heads)
+    groups = {g.title: [a.option_strings[0] for a in g._group_actions] for g in parsers["apply"]._action_groups}
+    assert groups["a new venv"] == ["--venv", "--cuda", "--release-artifact"] and groups["the upstream tree"] == [
+        "--source", "--upstream-url", "--probe-timeout"]

@@ -12,37 +12,41 @@ from sglpatch.lock import read_lock
 
 NAME = "apply"
 HELP = "build branch patched in the workdir from upstream.lock + series, and install it"
+FLASHINFER_HELP = ("also install the flashinfer set of deps/flashinfer.toml for P1 and P5 (into --python, or into --venv's plan), "
+                   "then pip check; into --python it then builds the JIT kernels that include flashinfer headers for sm_120 "
+                   "(compile only); the JIT needs nvcc >= 12.8 on CUDA_HOME")
+VENV_HELP = ("build a NEW venv in DIR (must not exist or be empty) from --python with the release's full pinned dependency set "
+             "(resolved by uv or pip) plus the patched tree, after a preflight (driver, Python wheels, disk, nvcc for P1); "
+             "no other venv is touched; the tree goes to its own workdir (default: the usual one with -VERSION appended)")
 
 
 def register(p) -> None:
-    cliargs.add_workdir(p)
-    cliargs.add_line(p)
-    cliargs.add_source(p, "auto", "what you serve is built from git when upstream.url answers within --probe-timeout, else "
+    """apply's options in --help's groups: which tree, the upstream tree, where it is installed, a new venv."""
+    tree = p.add_argument_group("which tree")
+    cliargs.add_workdir(tree)
+    cliargs.add_line(tree)
+    tree.add_argument("--force", action="store_true", help="rebuild even over unexported commits (kept as a backup ref)")
+    up = p.add_argument_group("the upstream tree")
+    cliargs.add_source(up, "auto", "what you serve is built from git when upstream.url answers within --probe-timeout, else "
                        "from the registry, also when the git tree fails a lock check")
-    p.add_argument("--upstream-url", help="override upstream.url (a mirror); https, ssh or file URLs only")
-    cliargs.add_timeout(p, "--probe-timeout", "how long --source auto waits for the git URL", default=8.0)
-    p.add_argument("--no-install", action="store_true", help="only build the tree: nothing is installed anywhere")
-    p.add_argument("--python", help="interpreter to install into, a venv's (default: this one; refused when it is the system's, PEP 668)")
-    p.add_argument("--installer", choices=["auto", "pip", "uv"], default="auto", help="auto: uv when found, else pip")
-    p.add_argument("--force", action="store_true", help="rebuild even over unexported commits (kept as a backup ref)")
-    p.add_argument("--other-release", action="store_true", help="install into a --python that serves another SGLang release "
-                   "(its dependencies stay that release's); refused without it: use --venv NEWDIR for a complete venv")
-    p.add_argument(
-        "--venv",
-        metavar="DIR",
-        help="build a NEW venv in DIR (must not exist or be empty) from --python with the release's full pinned dependency set "
-        "(resolved by uv or pip) plus the patched tree, after a preflight (driver, Python wheels, disk, nvcc for P1); no other venv is touched; "
-        "the tree goes to its own workdir (default: the usual one with -VERSION appended)",
-    )
-    p.add_argument("--dry-run", action="store_true", help="with --venv: print the preflight verdict and the resolved plan; with "
-                   "--with-flashinfer: print the flashinfer plan; change nothing")
-    p.add_argument("--with-flashinfer", action="store_true", help="also install the flashinfer set of deps/flashinfer.toml for P1 and P5 "
-                   "(into --python, or into --venv's plan), then pip check; into --python it then builds the JIT kernels that "
-                   "include flashinfer headers for sm_120 (compile only); the JIT needs nvcc >= 12.8 on CUDA_HOME")
-    p.add_argument("--cuda", metavar="12.N", help="with --venv: the CUDA 12 builds of the release's CUDA-specific requirements (for a driver "
-                   "below 580), from the indexes deps/cuda12.toml names; the plan shows each one's build and index, the preflight "
-                   "refuses what has none (default: the release's own builds)")
-    p.add_argument("--release-artifact", metavar="PATH", help="with --venv: the release's sdist or wheel to read the pins from (default: the locked sdist or wheel, index-verified)")
+    up.add_argument("--upstream-url", help="override upstream.url (a mirror); https, ssh or file URLs only")
+    cliargs.add_timeout(up, "--probe-timeout", "how long --source auto waits for the git URL", default=8.0)
+    inst = p.add_argument_group("where it is installed")
+    inst.add_argument("--no-install", action="store_true", help="only build the tree: nothing is installed anywhere")
+    inst.add_argument("--python", help="interpreter to install into, a venv's (default: this one; refused when it is the system's, PEP 668)")
+    inst.add_argument("--installer", choices=["auto", "pip", "uv"], default="auto", help="auto: uv when found, else pip")
+    inst.add_argument("--other-release", action="store_true", help="install into a --python that serves another SGLang release "
+                      "(its dependencies stay that release's); refused without it: use --venv NEWDIR for a complete venv")
+    inst.add_argument("--with-flashinfer", action="store_true", help=FLASHINFER_HELP)
+    inst.add_argument("--dry-run", action="store_true", help="with --venv: print the preflight verdict and the resolved plan; with "
+                      "--with-flashinfer: print the flashinfer plan; change nothing")
+    venv = p.add_argument_group("a new venv")
+    venv.add_argument("--venv", metavar="DIR", help=VENV_HELP)
+    venv.add_argument("--cuda", metavar="12.N", help="with --venv: the CUDA 12 builds of the release's CUDA-specific requirements "
+                      "(for a driver below 580), from the indexes deps/cuda12.toml names; the plan shows each one's build and index, "
+                      "the preflight refuses what has none (default: the release's own builds)")
+    venv.add_argument("--release-artifact", metavar="PATH", help="with --venv: the release's sdist or wheel to read the pins from "
+                      "(default: the locked sdist or wheel, index-verified)")
 
 
 def run(args) -> int:
