@@ -522,7 +522,7 @@ def test_sglpatch_doctor_is_registered_with_its_options(tmp_path):
     text = " ".join(subprocess.run([exe, "doctor", "--help"], capture_output=True, text=True).stdout.split())
     for opt in ("--python", "--profile", "--json FILE", "--kill-stale", "--yes", "--kernel-report DIR", "--no-p2p"):
         assert opt in text
-    assert "--p2p-timeout S deadline per GPU pair (default: 20.0)" in text and "--dev-glob" not in text
+    assert "--p2p-timeout SEC deadline per GPU pair, in seconds (default: 20.0)" in text and "--dev-glob" not in text
     top = subprocess.run([exe, "--help"], capture_output=True, text=True).stdout
     assert "doctor" in top and "run it first on a new box" in " ".join(top.split())
     r = subprocess.run([exe, "doctor", "--profile", "nope", "--project", str(ROOT)], capture_output=True, text=True)
