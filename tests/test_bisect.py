@@ -213,7 +213,7 @@ def test_cli_triage_upstream_regression_no_bisect(bisect_project, check, tmp_pat
     project, wd, _ = bisect_project
     logs = tmp_path / "log"
     proc = sglpatch(
-        "bisect", "--workdir", str(wd), "--project", str(project), "--triage", "--log-dir", str(logs),
+        "bisect", "--workdir", str(wd), "--project", str(project), "--triage", "--report-dir", str(logs),
         "--", *check(wd, "upstream-bad"), cwd=tmp_path,
     )
     assert proc.returncode == 0, proc.stderr
@@ -279,7 +279,7 @@ def test_sigint_during_a_step_restores_patched(phase, workdir, bisect_project, c
     env = dict(os.environ, PYTHONPATH=str(Path(bisect.__file__).resolve().parents[2]))  # the sglpatch under test
     proc = subprocess.Popen(
         [sys.executable, "-m", "sglpatch.cli", "bisect", "--workdir", str(workdir), "--project", str(project),
-         "--log-dir", str(tmp_path / "log"), *extra, "--", *cmd],
+         "--report-dir", str(tmp_path / "log"), *extra, "--", *cmd],
         cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
     )
     pids = check.counter.parent / "runs.txt.pids"
@@ -321,7 +321,7 @@ def test_refuses_dirty_or_bisect_in_progress(workdir, check, tmp_path):
 def test_a_cmd_that_could_not_run_anywhere_gives_no_verdict_and_exit_125(triage, bisect_project, check, tmp_path):
     project, wd, _ = bisect_project
     extra = ["--triage"] if triage else []
-    proc = sglpatch("bisect", "--workdir", str(wd), "--project", str(project), *extra, "--log-dir", str(tmp_path / "log"),
+    proc = sglpatch("bisect", "--workdir", str(wd), "--project", str(project), *extra, "--report-dir", str(tmp_path / "log"),
                     "--", *check(wd, "cannot"), cwd=tmp_path)
     runs = len(check.runs())
     assert proc.returncode == 125, proc.stdout + proc.stderr

@@ -502,14 +502,14 @@ def test_regress_server_tier_runs_the_doctor_first_and_refuses_the_load(tmp_path
     """))
     env = base_env({"PYTHONPATH": str(good), "PATH": f"{smi_dir}:{os.environ['PATH']}"})
     cmd = [sys.executable, "-m", "sglpatch.gpu.regress", "--tier", "server", "--profile", "t", "--project", str(proj)]
-    r = subprocess.run([*cmd, "--report", str(tmp_path / "r1")], capture_output=True, text=True, env=env, timeout=300)
+    r = subprocess.run([*cmd, "--report-dir", str(tmp_path / "r1")], capture_output=True, text=True, env=env, timeout=300)
     assert r.returncode == 125, r.stdout + r.stderr
     assert "tier server: cannot_run: the doctor refused the load: gpu-memory failed (doctor.json); fix them, or pass " \
            "--no-doctor" in r.stdout
     assert "  - doctor: fail gpu-memory: GPU 7 short of memory (3.0 GiB free; needs " in r.stdout
     assert "sglpatch: warn sglang: " in r.stderr and "sglpatch: fail gpu-memory" in r.stderr
     assert not launched.exists() and json.loads((tmp_path / "r1" / "doctor.json").read_text())["status"] == "fail"
-    r = subprocess.run([*cmd, "--report", str(tmp_path / "r2"), "--no-doctor"], capture_output=True, text=True,
+    r = subprocess.run([*cmd, "--report-dir", str(tmp_path / "r2"), "--no-doctor"], capture_output=True, text=True,
                        env=env, timeout=300)
     assert launched.exists() and not (tmp_path / "r2" / "doctor.json").exists(), r.stdout + r.stderr
 
@@ -522,7 +522,7 @@ def test_sglpatch_doctor_is_registered_with_its_options(tmp_path):
     text = " ".join(subprocess.run([exe, "doctor", "--help"], capture_output=True, text=True).stdout.split())
     for opt in ("--python", "--profile", "--json FILE", "--kill-stale", "--yes", "--kernel-report DIR", "--no-p2p"):
         assert opt in text
-    assert "--p2p-timeout S deadline per GPU pair (default: 20.0)" in text and "--dev-glob" not in text
+    assert "--p2p-timeout SEC deadline per GPU pair, in seconds (default: 20.0)" in text and "--dev-glob" not in text
     top = subprocess.run([exe, "--help"], capture_output=True, text=True).stdout
     assert "doctor" in top and "run it first on a new box" in " ".join(top.split())
     r = subprocess.run([exe, "doctor", "--profile", "nope", "--project", str(ROOT)], capture_output=True, text=True)

@@ -172,13 +172,13 @@ def test_the_failure_line_names_the_way_back_of_what_apply_touched(monkeypatch, 
     """apply --venv NEWDIR --with-flashinfer runs the check in the new venv: its failure names that venv
     (nothing of the serving Python was replaced); into --python it names the recorded way back."""
     from sglpatch.pythonenv import flashinfer_set, jit_kernels
-    from sglpatch import stack_cli
+    from sglpatch.commands import apply as apply_cmd
     from sglpatch.errors import SglpatchError
 
     monkeypatch.setattr(jit_kernels, "run", lambda py: jit_kernels.Verdict("fail", "rope does not build"))
     monkeypatch.setattr(flashinfer_set, "recorded_way_back", lambda wd: "uv pip install flashinfer-python==0.6.3")
     with pytest.raises(SglpatchError) as e:
-        stack_cli._jit_check("/v/bin/python", tmp_path, new_venv=new_venv)
+        apply_cmd._jit_check("/v/bin/python", tmp_path, new_venv=new_venv)
     back = "none needed, the new venv /v/bin/python is all it touched (delete it)" if new_venv else \
         "uv pip install flashinfer-python==0.6.3"
     assert str(e.value) == f"jit-kernels: rope does not build; the way back: {back}"

@@ -71,7 +71,7 @@ def test_profile_errors(tmp_path):
 
 
 def test_cli_user_error_is_one_line(capsys, tmp_path):
-    rc = cli_main(["regress", "--tier", "cpu", "--profile", "does-not-exist", "--report", str(tmp_path / "r")])
+    rc = cli_main(["regress", "--tier", "cpu", "--profile", "does-not-exist", "--report-dir", str(tmp_path / "r")])
     err = capsys.readouterr().err.strip()
     assert rc == 2 and err.startswith("sglpatch: error:") and "\n" not in err
 
@@ -197,7 +197,7 @@ def test_cpu_tier_cannot_run_when_patched_tree_not_installed(tmp_path):
 
 def test_regress_sh_defaults_the_profile(tmp_path):
     env = dict(os.environ, SGLPATCH_PROFILE="h200x2")
-    r = subprocess.run(["bash", str(ROOT / "scripts" / "regress.sh"), "--tier", "server", "--report", str(tmp_path / "r")],
+    r = subprocess.run(["bash", str(ROOT / "scripts" / "regress.sh"), "--tier", "server", "--report-dir", str(tmp_path / "r")],
                        capture_output=True, text=True, env=env, cwd=ROOT, timeout=60)
     assert r.returncode == regress.EXIT_CANNOT_RUN, r.stderr
     doc = json.loads((tmp_path / "r" / "report.json").read_text())

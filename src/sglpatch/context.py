@@ -44,8 +44,11 @@ class Context:
 
 
     def source(self, given: str, url: str | None = None, timeout: float = 8.0, onto: tuple[str, str] | None = None) -> str:
-        """given, or for `auto` the one decision (git when the URL answers, else the registry; said
+        """given (git, sdist, wheel; registry is `sdist`, which every consumer takes as the registry's
+        artifact), else for `auto` the one decision (git when the URL answers, else the registry; said
         once): for the line's own pin, or for onto (tag, version: a rebase's target)."""
+        if given == "registry":  # the registry's artifact: the lock's, whatever its kind; a new release's sdist, else its wheel
+            return "sdist"
         if given != "auto":
             return given
         from sglpatch.upstream import materialize as upstream

@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 from pathlib import Path
 
 from sglpatch.argtypes import positive
@@ -268,6 +269,9 @@ DESCRIPTION = (
 )
 
 
+_BARE = "\0bare"  # --json given without FILE
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """`sglpatch profile-report`'s arguments; run() reads them."""
     p.add_argument("file", help="JSONL file written by the server (SGLANG_VERIFY_PROFILE_FILE)")
@@ -284,7 +288,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="MS",
         help="decode step without speculation, ms (default: the file's value, 12.2 = 82 tok/s)",
     )
-    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.add_argument("--json", metavar="FILE", nargs="?", const=_BARE, help="also write the summary as JSON to FILE "
+                   "('-': standard output, instead of the text)")
 
 
 def run(args) -> int:
@@ -292,8 +297,16 @@ def run(args) -> int:
     records = load(args.file)
     summary = summarize(records, args.baseline_step_ms)
     preds = predictions(summary, list(args.accept_length or []))
-    if args.json:
-        print(json.dumps({"file": str(args.file), "summary": summary, "predictions": preds}, indent=2))
-    else:
+    if args.json is _BARE:  # the old spelling: a flag for standard output
+        print("sglpatch: warning: --json without FILE is an old spelling of --json -; it still works, and will be removed",
+              file=sys.stderr)
+        args.json = "-"
+    if args.json != "-":
         print(format_text(str(args.file), summary, preds))
+    if args.json:
+        text = json.dumps({"file": str(args.file), "summary": summary, "predictions": preds}, indent=2)
+        if args.json == "-":
+            print(text)
+        else:
+            Path(args.json).write_text(text + "\n")
     return 0

@@ -38,10 +38,15 @@ def main(project_root: Path, releases: str | None = None, json_out: str | None =
          command: str | None = None, jobs: int | None = None, recheck: bool = False) -> int:
     report = run(project_root, releases, jobs, recheck)
     report["lines"] = checkout_lines(project_root)
-    print("\n".join(terminal(report)))
+    if json_out != "-":  # --json -: the JSON instead of the table
+        print("\n".join(terminal(report)))
     if json_out:
         data = dict(report, command=command, date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()))
-        write_if_changed(Path(json_out), (json.dumps(data, indent=1) + "\n").encode())
+        text = json.dumps(data, indent=1) + "\n"
+        if json_out == "-":
+            print(text, end="")
+        else:
+            write_if_changed(Path(json_out), text.encode())
     if md_out:
         write_if_changed(Path(md_out), markdown(report, command).encode())
     return EXIT_HUMAN if report["newest_verdict"] == "human" else EXIT_OK

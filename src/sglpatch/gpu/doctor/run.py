@@ -31,6 +31,7 @@ from pathlib import Path
 
 from sglpatch import exitcodes
 from sglpatch.pythonenv import jit_kernels, preflight
+from sglpatch.argtypes import positive
 from sglpatch.errors import SglpatchError, say
 from sglpatch.gpu.doctor import checks as dc
 from sglpatch.gpu.doctor import gpu as dg
@@ -216,7 +217,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--python", help="the interpreter that serves (default: the profile's [server] python, else this one)")
     p.add_argument("--profile", help="targets/NAME.toml or NAME: its [env], [server] and [model] are compared")
     p.add_argument("--project", help="the sglpatch checkout (series, targets/; default: found from cwd)")
-    p.add_argument("--json", metavar="FILE", help="also write every check as JSON")
+    p.add_argument("--json", metavar="FILE", help="also write every check as JSON to FILE ('-': standard output, after the lines)")
     p.add_argument("--kill-stale", action="store_true", help="end the stale SGLang / torch workers (parent gone, "
                    "holding a GPU) first: process group, then PID; asks unless --yes")
     p.add_argument("--yes", action="store_true", help="with --kill-stale: do not ask")
@@ -224,7 +225,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--nvidia-smi", metavar="PATH", help="the nvidia-smi to run (default: the one on PATH)")
     p.add_argument("--no-p2p", action="store_true", help="skip the P2P copy test")
     p.add_argument("--no-jit", action="store_true", help="skip building the JIT kernels that include flashinfer headers")
-    p.add_argument("--p2p-timeout", type=float, default=20.0, metavar="S", help="deadline per GPU pair")
+    p.add_argument("--p2p-timeout", type=positive, default=20.0, metavar="SEC", help="deadline per GPU pair, in seconds")
     p.add_argument("--dev-glob", default="/dev/nvidia*", help=argparse.SUPPRESS)
     p.add_argument("--proc-root", default="/proc", help=argparse.SUPPRESS)
     p.add_argument("--shm", default="/dev/shm", help=argparse.SUPPRESS)
@@ -247,7 +248,9 @@ def run_args(args: argparse.Namespace) -> int:
               reapers=frozenset(int(x) for x in args.reapers.split(",") if x.strip().isdigit()))
     doc = run_doctor(serving_python(prof, args.python), prof, proj, box, kill_stale=args.kill_stale, yes=args.yes,
                      kernel_report=Path(args.kernel_report) if args.kernel_report else None)
-    if args.json:
+    if args.json == "-":
+        print(json.dumps(doc, indent=1, default=str))
+    elif args.json:
         try:
             Path(args.json).write_text(json.dumps(doc, indent=1, default=str) + "\n")
         except OSError as e:

@@ -1,6 +1,5 @@
-"""`sglpatch bisect` on the command line: its arguments and run function. The bisect package
-itself (psutil, git bisect run) is imported only when the command runs, so this file stays
-outside it: importing sglpatch.bisect.anything runs the package's __init__."""
+"""`sglpatch bisect`: its arguments and run function; the bisect package (psutil, git bisect run)
+is imported only when the command runs."""
 
 from __future__ import annotations
 
@@ -8,10 +7,10 @@ import argparse
 import sys
 
 from sglpatch import cliargs, exitcodes
-from sglpatch.argtypes import positive
 from sglpatch.errors import SglpatchError
 from sglpatch.workdir import PATCHED_BRANCH, UPSTREAM_BRANCH
 
+NAME = "bisect"
 HELP = "find the first bad patch with git bisect run (CMD: 0 good, 1 bad, 125 skip; 2, a usage error, stops: no verdict)"
 DESCRIPTION = (
     "Run CMD at each step of `git bisect run` over GOOD..BAD in the workdir (the editable "
@@ -21,23 +20,23 @@ DESCRIPTION = (
 )
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
+def register(p: argparse.ArgumentParser) -> None:
     cliargs.add_workdir(p)
     cliargs.add_line(p)
     p.add_argument("--good", default=UPSTREAM_BRANCH, help=f"a commit where CMD passes (default: {UPSTREAM_BRANCH})")
     p.add_argument("--bad", default=PATCHED_BRANCH, help=f"a commit where CMD fails (default: {PATCHED_BRANCH})")
-    p.add_argument("--timeout", type=positive, metavar="SEC", help="per-run limit; CMD's process group is killed past it")
+    cliargs.add_timeout(p, "--timeout", "per-run limit; CMD's process group is killed past it")
     p.add_argument(
         "--on-timeout", choices=["bad", "skip"], default="bad", help="what a run past --timeout counts as (default: bad, a hang is a regression)"
     )
     p.add_argument(
         "--triage", action="store_true", help="first run CMD on GOOD and BAD: regression upstream, in the series, or none"
     )
-    p.add_argument("--log-dir", help="where step logs and the report go (default: <workdir>/.git/sglpatch-bisect/<UTC time>)")
+    cliargs.add_report_dir(p, "<workdir>/.git/sglpatch-bisect/<UTC time>: step logs and the report", old="--log-dir")
     p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD [ARGS...]", help="the test command")
 
 
-def run_args(args) -> int:
+def run(args) -> int:
     from sglpatch.bisect import driver, report
 
     cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
@@ -50,14 +49,8 @@ def run_args(args) -> int:
         print(f"sglpatch: bisect: {ctx.named()}, workdir {workdir}", file=sys.stderr, flush=True)
     result = driver.run(
         workdir, cmd, good=args.good, bad=args.bad, timeout=args.timeout, triage=args.triage,
-        on_timeout=args.on_timeout, project_root=project, log_dir=args.log_dir,
+        on_timeout=args.on_timeout, project_root=project, log_dir=args.report_dir,
     )
     sys.stderr.flush()
     print("\n".join(report.format_report(result)), flush=True)
     return result.exit_code
-
-
-def register(sub) -> None:
-    p = sub.add_parser("bisect", help=HELP, description=DESCRIPTION)
-    add_arguments(p)
-    p.set_defaults(func=run_args)

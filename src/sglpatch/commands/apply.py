@@ -1,7 +1,6 @@
-"""The core commands on the command line: apply, export, status, check, lock (their arguments and
-run functions; the work is done in sglpatch.stack.build, upstream, install and newvenv). apply decides
-where the upstream tree comes from (--source auto probes the git URL), names the --venv
-workdir, installs and prints the summary."""
+"""`sglpatch apply`: build branch patched in the line's workdir and install it (the work is done in
+sglpatch.stack.build, upstream, install and newvenv). It decides where the upstream tree comes from
+(--source auto probes the git URL), names the --venv workdir, installs and prints the summary."""
 
 from __future__ import annotations
 
@@ -12,11 +11,48 @@ from sglpatch.pythonenv import flashinfer_set, install, jit_kernels, new_venv as
 from sglpatch.stack import build
 from sglpatch.upstream import materialize as upstream
 from sglpatch.errors import SglpatchError, say
-from sglpatch import lines
 from sglpatch.upstream.pin import read_lock
 
+NAME = "apply"
+HELP = "build branch patched in the workdir from upstream.lock + series, and install it"
+FLASHINFER_HELP = ("also install the flashinfer set of deps/flashinfer.toml for P1 and P5 (into --python, or into --venv's plan), "
+                   "then pip check; into --python it then builds the JIT kernels that include flashinfer headers for sm_120 "
+                   "(compile only); the JIT needs nvcc >= 12.8 on CUDA_HOME")
+VENV_HELP = ("build a NEW venv in DIR (must not exist or be empty) from --python with the release's full pinned dependency set "
+             "(resolved by uv or pip) plus the patched tree, after a preflight (driver, Python wheels, disk, nvcc for P1); "
+             "no other venv is touched; the tree goes to its own workdir (default: the usual one with -VERSION appended)")
 
-def _cmd_apply(args) -> int:
+
+def register(p) -> None:
+    """apply's options in --help's groups: which tree, the upstream tree, where it is installed, a new venv."""
+    tree = p.add_argument_group("which tree")
+    cliargs.add_workdir(tree)
+    cliargs.add_line(tree)
+    tree.add_argument("--force", action="store_true", help="rebuild even over unexported commits (kept as a backup ref)")
+    up = p.add_argument_group("the upstream tree")
+    cliargs.add_source(up, "auto", "what you serve is built from git when upstream.url answers within --probe-timeout, else "
+                       "from the registry, also when the git tree fails a lock check")
+    up.add_argument("--upstream-url", help="override upstream.url (a mirror); https, ssh or file URLs only")
+    cliargs.add_timeout(up, "--probe-timeout", "how long --source auto waits for the git URL", default=8.0)
+    inst = p.add_argument_group("where it is installed")
+    inst.add_argument("--no-install", action="store_true", help="only build the tree: nothing is installed anywhere")
+    inst.add_argument("--python", help="interpreter to install into, a venv's (default: this one; refused when it is the system's, PEP 668)")
+    inst.add_argument("--installer", choices=["auto", "pip", "uv"], default="auto", help="auto: uv when found, else pip")
+    inst.add_argument("--other-release", action="store_true", help="install into a --python that serves another SGLang release "
+                      "(its dependencies stay that release's); refused without it: use --venv NEWDIR for a complete venv")
+    inst.add_argument("--with-flashinfer", action="store_true", help=FLASHINFER_HELP)
+    inst.add_argument("--dry-run", action="store_true", help="with --venv: print the preflight verdict and the resolved plan; with "
+                      "--with-flashinfer: print the flashinfer plan; change nothing")
+    venv = p.add_argument_group("a new venv")
+    venv.add_argument("--venv", metavar="DIR", help=VENV_HELP)
+    venv.add_argument("--cuda", metavar="12.N", help="with --venv: the CUDA 12 builds of the release's CUDA-specific requirements "
+                      "(for a driver below 580), from the indexes deps/cuda12.toml names; the plan shows each one's build and index, "
+                      "the preflight refuses what has none (default: the release's own builds)")
+    venv.add_argument("--release-artifact", metavar="PATH", help="with --venv: the release's sdist or wheel to read the pins from "
+                      "(default: the locked sdist or wheel, index-verified)")
+
+
+def run(args) -> int:
     if (args.release_artifact or args.cuda) and not args.venv:
         raise SglpatchError("--release-artifact and --cuda go with --venv DIR", exitcodes.USAGE)
     if args.dry_run and not (args.venv or args.with_flashinfer):
@@ -132,126 +168,3 @@ def _venv_summary(prep, args) -> None:
     print(f"{py} imports sglang {have[1]} from {have[0]}" if have else f"warning: {py} cannot import sglang (a GPU-only dependency may need CUDA: run `{py} -c \"import sglang\"` to see which)")
     print(f"new venv {prep.venv_dir}: {len(prep.plan.packages)} packages (the plan above; recorded in {prep.venv_dir}/sglpatch-plan*)")
     print(f"serve from it: {py} -m sglang.launch_server ...; the way back: your old interpreter ({args.ctx.python}) was not touched")
-
-
-def _cmd_export(args) -> int:
-    ctx = cliargs.ctx(args)
-    line, wd = ctx.line, ctx.workdir
-    held = ctx.held()  # a line's commits go to that line's files, never to another's
-    if held and held.root != line.root and not args.line:
-        line = held  # without --line: the line the tree holds (build.export checks the pin against its lock)
-    print(f"sglpatch: export: {ctx.named(line)}, workdir {wd}", file=sys.stderr, flush=True)
-    try:
-        res = build.export(line.root, wd)
-    except OSError as e:
-        raise cliargs.os_error(e) from None
-    total = len(res.written) + len(res.unchanged)
-    print(
-        f"exported {total} patches: {len(res.written)} written, {len(res.unchanged)} unchanged, "
-        f"{len(res.removed)} removed; series {'updated' if res.series_changed else 'unchanged'}"
-    )
-    where = "" if line.primary else f"{lines.LINES_DIR}/{line.release}/"
-    for name in res.written:
-        print(f"  wrote   {where}patches/{name}")
-    for name in res.removed:
-        print(f"  removed {where}patches/{name}")
-    return 0
-
-
-def _cmd_status(args) -> int:
-    ctx = cliargs.ctx(args)
-    line, wd = ctx.line, ctx.workdir
-    held = ctx.held()
-    print("\n".join(build.status((held if held and not args.line else line).root, wd)))  # without --line: the one it holds
-    print(lines.status_line(held))
-    return 0
-
-
-def _cmd_check(args) -> int:
-    ctx = cliargs.ctx(args)
-    workdir = ctx.workdir if args.workdir else None
-    print(f"sglpatch: check: {ctx.named()} ({ctx.line.where})", file=sys.stderr, flush=True)
-    problems = build.check(ctx.project, workdir, source=ctx.source(args.source))
-    for p in problems:
-        print(f"FAIL {p}")
-    if problems:
-        print(f"check: {len(problems)} problem(s)")
-        return 1
-    print("check: series, patches/, upstream.lock consistent; every patch applies exactly to the pinned tree")
-    return 0
-
-
-def _cmd_lock(args) -> int:
-    project = cliargs.project(args)
-    if args.resolve:
-        print(upstream.resolve_commit(project))
-    if args.update_blobs:
-        blobs = build.update_blobs(project, cliargs.workdir(args))
-        print(f"upstream.lock: {len(blobs)} blob ids recorded")
-    if not (args.resolve or args.update_blobs):
-        print(read_lock(project).dumps(), end="")
-    return 0
-
-
-def register(sub) -> None:
-    """apply, export, status, check, lock: their parsers, in --help's order."""
-    p = sub.add_parser("apply", help="build branch patched in the workdir from upstream.lock + series, and install it")
-    cliargs.add_workdir(p)
-    cliargs.add_line(p)
-    p.add_argument(
-        "--source",
-        choices=["auto", "git", "sdist"],
-        default="auto",
-        help="where the upstream tree comes from; auto: git when upstream.url answers within --probe-timeout, "
-        "else the registry sdist (also when the git tree fails a lock check)",
-    )
-    p.add_argument("--upstream-url", help="override upstream.url (a mirror); https, ssh or file URLs only")
-    p.add_argument("--probe-timeout", type=float, default=8.0, help="seconds --source auto waits for the git URL")
-    p.add_argument("--no-install", action="store_true", help="only build the tree: nothing is installed anywhere")
-    p.add_argument("--python", help="interpreter to install into, a venv's (default: this one; refused when it is the system's, PEP 668)")
-    p.add_argument("--installer", choices=["auto", "pip", "uv"], default="auto", help="auto: uv when found, else pip")
-    p.add_argument("--force", action="store_true", help="rebuild even over unexported commits (kept as a backup ref)")
-    p.add_argument("--other-release", action="store_true", help="install into a --python that serves another SGLang release "
-                   "(its dependencies stay that release's); refused without it: use --venv NEWDIR for a complete venv")
-    p.add_argument(
-        "--venv",
-        metavar="DIR",
-        help="build a NEW venv in DIR (must not exist or be empty) from --python with the release's full pinned dependency set "
-        "(resolved by uv or pip) plus the patched tree, after a preflight (driver, Python wheels, disk, nvcc for P1); no other venv is touched; "
-        "the tree goes to its own workdir (default: the usual one with -VERSION appended)",
-    )
-    p.add_argument("--dry-run", action="store_true", help="with --venv: print the preflight verdict and the resolved plan; with "
-                   "--with-flashinfer: print the flashinfer plan; change nothing")
-    p.add_argument("--with-flashinfer", action="store_true", help="also install the flashinfer set of deps/flashinfer.toml for P1 and P5 "
-                   "(into --python, or into --venv's plan), then pip check; into --python it then builds the JIT kernels that "
-                   "include flashinfer headers for sm_120 (compile only); the JIT needs nvcc >= 12.8 on CUDA_HOME")
-    p.add_argument("--cuda", metavar="12.N", help="with --venv: the CUDA 12 builds of the release's CUDA-specific requirements (for a driver "
-                   "below 580), from the indexes deps/cuda12.toml names; the plan shows each one's build and index, the preflight "
-                   "refuses what has none (default: the release's own builds)")
-    p.add_argument("--release-artifact", metavar="PATH", help="with --venv: the release's sdist or wheel to read the pins from (default: the locked sdist or wheel, index-verified)")
-    p.set_defaults(func=_cmd_apply)
-
-    p = sub.add_parser("export", help="write upstream..patched back to patches/ and series (byte-stable) of the line the workdir holds")
-    cliargs.add_workdir(p)
-    cliargs.add_line(p)
-    p.set_defaults(func=_cmd_export)
-
-    p = sub.add_parser("status", help="pin, applied patches, dirty state, and which line the workdir holds")
-    cliargs.add_workdir(p)
-    cliargs.add_line(p)
-    p.set_defaults(func=_cmd_status)
-
-    p = sub.add_parser("check", help="series vs patches/ vs lock; every patch applies exactly (CI gate)")
-    cliargs.add_workdir(p)
-    cliargs.add_line(p)
-    p.add_argument(
-        "--source", choices=["auto", "git", "sdist"], default="sdist",
-        help="where the pinned upstream tree is taken from: the registry's artifact, git (upstream.url), or auto (git when it answers)"
-    )
-    p.set_defaults(func=_cmd_check)
-
-    p = sub.add_parser("lock", help="show upstream.lock, resolve the full commit id, or refresh blob ids")
-    cliargs.add_workdir(p)
-    p.add_argument("--resolve", action="store_true", help="replace upstream.commit by the full id (git ls-remote)")
-    p.add_argument("--update-blobs", action="store_true", help="record blob ids of the files the series touches")
-    p.set_defaults(func=_cmd_lock)

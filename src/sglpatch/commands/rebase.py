@@ -1,6 +1,5 @@
-"""`sglpatch rebase` on the command line: its arguments and run function. The rebase package
-(pyflakes, the classifier) is imported only when the command runs, so this file stays outside
-it: importing sglpatch.rebase.anything runs the package's __init__."""
+"""`sglpatch rebase`: its arguments and run function; the rebase package (pyflakes, the classifier)
+is imported only when the command runs."""
 
 from __future__ import annotations
 
@@ -10,6 +9,7 @@ import sys
 from sglpatch import cliargs, exitcodes
 from sglpatch.errors import SglpatchError
 
+NAME = "rebase"
 HELP = "move the series onto a new upstream release (classify, 3-way, resumable, recorded resolutions)"
 DESCRIPTION = (
     "Move the series onto a new upstream release: classify every patch, merge 3-way, replay recorded "
@@ -21,14 +21,11 @@ DESCRIPTION = (
 )
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
+def register(p: argparse.ArgumentParser) -> None:
     cliargs.add_workdir(p)
     cliargs.add_line(p)
     p.add_argument("--onto", metavar="VERSION|TAG|COMMIT", help="target release: 0.5.10.post1, v0.5.10.post1, or a tagged commit (git)")
-    p.add_argument(
-        "--source", choices=["auto", "git", "sdist", "wheel"], default="sdist",
-        help="where the new upstream tree comes from; auto: git when it answers, else the sdist, else the wheel (says which)",
-    )
+    cliargs.add_source(p, "registry", "a release move reads the release's own artifact; no network beyond the index")
     p.add_argument("--upstream-url", help="override upstream.url (a mirror); https, ssh or file URLs only")
     p.add_argument("--commit", help="the target's commit id when neither the sdist, a recorded pin nor the network says it")
     mode = p.add_mutually_exclusive_group()
@@ -40,7 +37,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "(default: the line folder lines/VERSION/; the primary is left as it is)")
 
 
-def run_args(args) -> int:
+def run(args) -> int:
     from sglpatch.rebase import outcome
 
     try:
@@ -92,7 +89,7 @@ def _source(ctx, args) -> str:
 
     rel = onto_release(args.onto)
     if args.source != "auto":
-        return args.source
+        return ctx.source(args.source)
     return ctx.source("auto", args.upstream_url, onto=rel) if rel else "git"
 
 
@@ -132,9 +129,3 @@ def _resuming(args):
     busy = sorted(d for d in base.parent.glob(f"{base.name}-*") if linepath.release_of(base, d)
                   and (d / ".git" / REBASE_STATE_DIR).is_dir() and not d.is_symlink())
     return busy[0] if len(busy) == 1 else base
-
-
-def register(sub) -> None:
-    p = sub.add_parser("rebase", help=HELP, description=DESCRIPTION)
-    add_arguments(p)
-    p.set_defaults(func=run_args)

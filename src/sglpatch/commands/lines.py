@@ -11,6 +11,7 @@ from sglpatch import cliargs, lines
 from sglpatch.errors import SglpatchError
 from sglpatch.series import read_patch, read_series
 
+NAME = "lines"
 HELP = "list the lines the checkout supports: pin, patches, what upstream superseded, the driver each needs (CUDA 12 / 13)"
 _CU = re.compile(r"(\[[^\]]*\bcu(1\d)\b[^\]]*\]|-cu(1\d)\b)")
 _MAJOR = re.compile(r"^(cuda-python|cuda-bindings)\s*(==|>=|~=)\s*(\d+)")
@@ -94,7 +95,5 @@ def run(args) -> int:
     return 0
 
 
-def register(sub) -> None:
-    p = sub.add_parser("lines", help=HELP)
+def register(p) -> None:
     cliargs.add_workdir(p)
-    p.set_defaults(func=run)

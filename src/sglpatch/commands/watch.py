@@ -1,4 +1,4 @@
-"""`sglpatch watch` on the command line: its arguments and run function (sglpatch.watch, the
+"""`sglpatch watch`: its arguments and run function (sglpatch.watch, the
 matrix, is imported only when the command runs)."""
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ import sys
 from sglpatch import cliargs, exitcodes
 from sglpatch.errors import SglpatchError
 
+NAME = "watch"
 HELP = "upstream watch over every release after the pin: per-patch status matrix and dependency pins"
 DESCRIPTION = (
     "One row per release after the pin, one column per patch, and each release's dependency pins. "
@@ -17,11 +18,11 @@ DESCRIPTION = (
 )
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
+def register(p: argparse.ArgumentParser) -> None:
     p.add_argument("--project", help=cliargs.PROJECT_HELP)
     cliargs.add_line(p)
     p.add_argument("--releases", metavar="A..B|A,B", help="only these releases: a range (inclusive; either side may be empty) or a comma-separated list")
-    p.add_argument("--json", metavar="FILE", help="also write the matrix as JSON")
+    cliargs.add_json(p, "the matrix")
     p.add_argument("--markdown", metavar="FILE", help="also write a markdown report")
     p.add_argument("--jobs", type=int, metavar="N", help="classify releases in N processes (default: the CPUs, at most 4)")
     p.add_argument("--recheck", action="store_true", help="classify every release again, also those a run with the same "
@@ -29,7 +30,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--command-line", help=argparse.SUPPRESS)
 
 
-def run_args(args) -> int:
+def run(args) -> int:
     from sglpatch.watch import report
 
     if args.jobs is not None and args.jobs < 1:
@@ -38,9 +39,3 @@ def run_args(args) -> int:
     print(f"sglpatch: watch: {ctx.named()} ({ctx.line.where})", file=sys.stderr, flush=True)
     return report.main(ctx.project, releases=args.releases, json_out=args.json, md_out=args.markdown,
                       command=args.command_line, jobs=args.jobs, recheck=args.recheck)
-
-
-def register(sub) -> None:
-    p = sub.add_parser("watch", help=HELP, description=DESCRIPTION)
-    add_arguments(p)
-    p.set_defaults(func=run_args)
