@@ -37,7 +37,7 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT, built_once, git, run_cli
-from sglpatch.stack import build
+from sglpatch.stack import build, export as stack_export, status
 from sglpatch.upstream.cachedir import cache_dir
 from sglpatch.upstream.pin import read_lock, sha256_file, write_lock
 from sglpatch.workdir import SCRATCH
@@ -104,8 +104,8 @@ def _build_golden(base: Path) -> None:
     (wd / "python/sglang/srt/fm_note.py").write_text('"""A new file added by a patch."""\n')
     git(wd, "add", "-A", "python")
     git(wd, *DEV, "commit", "-qm", f"{SUBJECT_2}\n\n{DEP3}")
-    build.export(proj, wd)
-    build.update_blobs(proj, wd)
+    stack_export.export(proj, wd)
+    status.update_blobs(proj, wd)
     assert build.apply(proj, wd, source="sdist").changed is False
     assert len((proj / "series").read_text().split(".patch")) == 3
     # one pack instead of ~2000 loose objects: each case copies this workdir (cp -a), in half the time
@@ -1219,7 +1219,7 @@ def rb_golden(golden, tmp_path_factory, sdist_0510):
             shutil.copy2(ROOT / "resolutions" / REBASE_TARGET / "target.toml", proj / "resolutions" / REBASE_TARGET / "target.toml")
             (proj / "CHANGELOG.md").write_text("# Changelog\n\n## 0.1.0\n- started\n")
             build.apply(proj, wd, source="sdist")
-            build.update_blobs(proj, wd)
+            status.update_blobs(proj, wd)
             assert build.apply(proj, wd, source="sdist").changed is False
     return dict(golden, project=proj, fork=wd)
 
@@ -1236,8 +1236,8 @@ def rb_conflict(rb_golden, tmp_path_factory):
     f.write_text(f.read_text().replace(
         "        if world_size > 2 and not full_nvlink:\n", "        if world_size > 2 and not full_nvlink and not _pcie_allowed():\n", 1))
     git(wd, *DEV, "commit", "-qam", f"custom_all_reduce: a patch on the NVLink gate\n\n{DEP3}")
-    build.export(proj, wd)
-    build.update_blobs(proj, wd)
+    stack_export.export(proj, wd)
+    status.update_blobs(proj, wd)
     assert build.apply(proj, wd, source="sdist").changed is False
     return dict(rb_golden, project=proj, fork=wd)
 

@@ -15,7 +15,7 @@ import pytest
 from conftest import ROOT
 from sglpatch.upstream import artifacts, treecache
 from sglpatch.rebase import outcome, classify
-from sglpatch.stack import build
+from sglpatch.stack import export
 from sglpatch.gitcmd import Git
 from sglpatch.upstream.pin import read_lock
 
@@ -58,7 +58,7 @@ def classify_one(g: Git, tmp: Path, old_base: str, old_commit: str, new_base: st
     project = tmp / "project"
     (project / "patches").mkdir(parents=True)
     shutil.copy2(ROOT / "upstream.lock", project / "upstream.lock")
-    (project / "patches" / "0001-probe.patch").write_bytes(build.format_patch(g, old_commit))
+    (project / "patches" / "0001-probe.patch").write_bytes(export.format_patch(g, old_commit))
     (project / "series").write_text("0001-probe.patch\n")
     (project / "CHANGELOG.md").write_text("# Changelog\n")
     lock = read_lock(ROOT)

@@ -73,7 +73,7 @@ def rebased(base_059, tmp_path_factory):
 
 
 def test_replay_is_unattended_and_the_result_checks(rebased):
-    from sglpatch.stack import build
+    from sglpatch.stack import status
     from sglpatch.series import read_series
 
     project, workdir, res = rebased
@@ -94,7 +94,7 @@ def test_replay_is_unattended_and_the_result_checks(rebased):
     assert re.sub(dated, "\n", (line / "CHANGELOG.md").read_text()) == re.sub(dated, "\n", (committed / "CHANGELOG.md").read_text())
     log = (line / "CHANGELOG.md").read_text()
     assert "superseded by upstream's FlashInfer PCIe-IPC allreduce" in log and "pull/19689" in log
-    assert build.check(line, workdir) == []
+    assert status.check(line, workdir) == []
     check = sglpatch("check", "--project", str(line), "--workdir", str(workdir))
     assert check.returncode == 0, check.stdout + check.stderr
 

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT, copy_project, git, sglpatch
-from sglpatch.stack import build
+from sglpatch.stack import build, export, status
 from sglpatch.series import read_series
 
 TARGET = "0.5.10.post1"
@@ -63,7 +63,7 @@ def author_patch(author: Path, path: str, edit, subject: str, desc: str, extra: 
     f.write_text(edit(f.read_text()))
     msg = f"{subject}\n\n" + HEADER.format(desc=desc, extra=extra)
     git(author, "commit", "-q", "-a", "-m", msg)
-    data = build.format_patch(build.Git(author), "HEAD")
+    data = export.format_patch(build.Git(author), "HEAD")
     git(author, "reset", "-q", "--hard", "HEAD~1")
     return data
 
@@ -129,7 +129,7 @@ def synth(tmp_path_factory, sdist_059, sdist_0510):
         (project / "patches" / name).write_bytes(data)
     (project / "series").write_text("# synthetic series for the rebase tests\n" + "\n".join(patches) + "\n")
     build.apply(project, workdir)
-    build.update_blobs(project, workdir)
+    status.update_blobs(project, workdir)
     assert build.apply(project, workdir).changed is False
     return project, workdir
 
@@ -235,7 +235,7 @@ def test_continue_after_scripted_resolution_then_replay_is_unattended(synth_copy
     assert stopped.status == "conflict" and len(stopped.conflict) == 64 and recorded.conflict == stopped.conflict
     # the workdir is the new stack, in sync, and the export is a no-op
     assert git(workdir, "rev-parse", "--abbrev-ref", "HEAD") == "patched"
-    assert "in sync" in "\n".join(build.status(project, workdir))
+    assert "in sync" in "\n".join(status.status(project, workdir))
     assert "# ported gate (test)" in (workdir / GATE).read_text()
     # replay: the recorded resolution makes the same rebase unattended from the old project
     shutil.copytree(rec, pristine / "resolutions" / TARGET, dirs_exist_ok=True)
@@ -277,7 +277,7 @@ def test_upstream_detection_is_behavioural_not_textual(synth):
         from conftest import lock_0510
 
         onto = up.build_from_sdist(sg, lock_0510())
-        patch = build.parse_patch(P3, build.format_patch(g, p3))
+        patch = build.parse_patch(P3, export.format_patch(g, p3))
         ok, why = upstreamed._definitions_present(sg, onto, p3_parent, p3, patch)
         assert ok, why
         # same names, different behaviour: returns the head only -> not upstream
@@ -346,7 +346,7 @@ def test_real_full_rebase_is_unattended(patched_tree, tmp_path):
     log = (line / "CHANGELOG.md").read_text()
     assert "pull/19689" in log and "recorded resolution" in log
     assert (project / "rebase-reports" / "0.5.9..0.5.10.post1" / "report.md").is_file()
-    assert build.check(line, workdir) == []  # the rebased series applies exactly to its new pin
+    assert status.check(line, workdir) == []  # the rebased series applies exactly to its new pin
     st = sglpatch("status", "--workdir", str(workdir), "--project", str(project))
     assert st.returncode == 0 and "line:     0.5.10.post1, from lines/0.5.10.post1/" in st.stdout, st.stdout + st.stderr
     # the patch tests of issue 3 on the 0.5.10.post1 tree (conftest honours SGLPATCH_PATCHED_TREE)

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from conftest import copy_project, git, sglpatch
-from sglpatch.stack import build
+from sglpatch.stack import build, export, status
 from sglpatch.errors import SglpatchError
 from sglpatch.upstream.pin import read_lock, write_lock
 from sglpatch.series import read_patch, read_series
@@ -57,7 +57,7 @@ def test_second_apply_makes_no_commit_and_export_is_byte_noop(applied):
     assert refs(wd) == before_refs
     before = snapshot(project)
     mtimes = {p: (project / p).stat().st_mtime_ns for p in before}
-    out = build.export(project, wd)
+    out = export.export(project, wd)
     assert out.written == [] and out.removed == [] and not out.series_changed
     assert snapshot(project) == before
     assert {p: (project / p).stat().st_mtime_ns for p in before} == mtimes
@@ -67,7 +67,7 @@ def test_committed_series_export_is_noop(project_root, tmp_path):
     """The CI gate: apply + export of the committed series changes no byte."""
     project = copy_project(tmp_path / "p")
     build.apply(project, tmp_path / "fork", source="sdist")
-    build.export(project, tmp_path / "fork")
+    export.export(project, tmp_path / "fork")
     exported = {k: v for k, v in snapshot(project).items() if k.split("/")[0] in ("series", "upstream.lock", "patches")}
     committed = {k: v for k, v in snapshot(project_root).items() if k.split("/")[0] in ("series", "upstream.lock", "patches")}
     assert exported == committed
@@ -134,9 +134,9 @@ def test_uncommitted_edit_survives_every_command(applied):
     assert "uncommitted" in str(e.value) and "\n" not in str(e.value)
     with pytest.raises(SglpatchError):
         build.apply(project, wd, source="sdist", force=True)
-    build.export(project, wd)
-    build.status(project, wd)
-    build.check(project, wd)
+    export.export(project, wd)
+    status.status(project, wd)
+    status.check(project, wd)
     assert target.read_bytes() == edited
 
 
@@ -152,7 +152,7 @@ def test_unexported_commit_refused_then_exported(applied):
     assert "sglpatch export" in str(e.value)
     assert git(wd, "rev-parse", "patched") == head
     n = len(read_series(project).entries)
-    res = build.export(project, wd)
+    res = export.export(project, wd)
     series = read_series(project)
     assert len(series.entries) == n + 1 and res.series_changed
     assert series.entries[-1].name == f"{n + 1:04d}-server_args-note.patch"

@@ -8,7 +8,7 @@ import sys
 
 from sglpatch import cliargs, exitcodes, lineguard, linepath
 from sglpatch.pythonenv import flashinfer_set, install, jit_kernels, new_venv as newvenv
-from sglpatch.stack import build
+from sglpatch.stack import build, status
 from sglpatch.upstream import materialize as upstream
 from sglpatch.errors import SglpatchError, say
 from sglpatch.upstream.pin import read_lock
@@ -107,7 +107,7 @@ def run(args) -> int:
 
         build.apply(project, workdir, source=source, force=args.force, python=args.python, url=args.upstream_url,
                     sdist_fallback=args.source == "auto", then=install_step)
-        patches = build.carried(project, workdir)
+        patches = status.carried(project, workdir)
         print(f"{workdir} (branch patched, {ctx.named()}) carries {len(patches)} patches:")
         for p in patches:
             print(f"  {p}")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 
 from sglpatch import cliargs
-from sglpatch.stack import build
+from sglpatch.stack import status
 
 NAME = "check"
 HELP = "series vs patches/ vs lock; every patch applies exactly (CI gate)"
@@ -22,7 +22,7 @@ def run(args) -> int:
     ctx = cliargs.ctx(args)
     workdir = ctx.workdir if args.workdir else None
     print(f"sglpatch: check: {ctx.named()} ({ctx.line.where})", file=sys.stderr, flush=True)
-    problems = build.check(ctx.project, workdir, source=ctx.source(args.source))
+    problems = status.check(ctx.project, workdir, source=ctx.source(args.source))
     for p in problems:
         print(f"FAIL {p}")
     if problems:

@@ -1,12 +1,12 @@
 """`sglpatch export`: write the workdir's commits (upstream..patched) back to the patch files and
-series of the line the tree holds (sglpatch.stack.build.export; a tree on another pin is refused there)."""
+series of the line the tree holds (sglpatch.stack.export.export; a tree on another pin is refused there)."""
 
 from __future__ import annotations
 
 import sys
 
 from sglpatch import cliargs, lines
-from sglpatch.stack import build
+from sglpatch.stack import export
 
 NAME = "export"
 HELP = "write upstream..patched back to patches/ and series (byte-stable) of the line the workdir holds"
@@ -22,10 +22,10 @@ def run(args) -> int:
     line, wd = ctx.line, ctx.workdir
     held = ctx.held()  # a line's commits go to that line's files, never to another's
     if held and held.root != line.root and not args.line:
-        line = held  # without --line: the line the tree holds (build.export checks the pin against its lock)
+        line = held  # without --line: the line the tree holds (export.export checks the pin against its lock)
     print(f"sglpatch: export: {ctx.named(line)}, workdir {wd}", file=sys.stderr, flush=True)
     try:
-        res = build.export(line.root, wd)
+        res = export.export(line.root, wd)
     except OSError as e:
         raise cliargs.os_error(e) from None
     total = len(res.written) + len(res.unchanged)

@@ -4,7 +4,7 @@ files the series touches."""
 from __future__ import annotations
 
 from sglpatch import cliargs
-from sglpatch.stack import build
+from sglpatch.stack import status
 from sglpatch.upstream import materialize as upstream
 from sglpatch.upstream.pin import read_lock
 
@@ -23,7 +23,7 @@ def run(args) -> int:
     if args.resolve:
         print(upstream.resolve_commit(project))
     if args.update_blobs:
-        blobs = build.update_blobs(project, cliargs.workdir(args))
+        blobs = status.update_blobs(project, cliargs.workdir(args))
         print(f"upstream.lock: {len(blobs)} blob ids recorded")
     if not (args.resolve or args.update_blobs):
         print(read_lock(project).dumps(), end="")

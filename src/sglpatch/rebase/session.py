@@ -12,7 +12,7 @@ from pathlib import Path
 
 from sglpatch.pythonenv import install
 from sglpatch import linepath
-from sglpatch.stack import build
+from sglpatch.stack import export, status
 from sglpatch.errors import say
 from sglpatch.fsutil import crashpoint, journal, tmp_prefix, write_if_changed
 from sglpatch.gitcmd import Git
@@ -137,7 +137,7 @@ def _drive(git: Git, plan: Plan) -> list[str]:
 
 def _stop(git: Git, plan: Plan, o: Outcome) -> list[str]:
     i = plan.next
-    data = build.format_patch(git, plan.old_commits[i])
+    data = export.format_patch(git, plan.old_commits[i])
     git.run("checkout", "-q", "--detach", plan.head)
     crashpoint("rebase:stop:checkout")
     with tempfile.TemporaryDirectory(prefix=tmp_prefix("rb"), dir=scratch_dir(git)) as tmp:
@@ -344,7 +344,7 @@ def _finish_journaled(git: Git, plan: Plan) -> list[str]:
             if not action:
                 continue
             o = next(o for o in outcomes if o.name == name)
-            data = build.format_patch(git, by_subject[o.subject]) if action == "replace" else None
+            data = export.format_patch(git, by_subject[o.subject]) if action == "replace" else None
             # keyed by the conflict it resolves (rerere-like), so any release showing the same
             # conflict is offered it; a 3-way-but-broken stop has no conflict: keyed by the patch
             recs[name] = Recorded(action, f"resolved by hand during the rebase onto {new_lock.version}", plan.sha256s[k], data,
@@ -360,10 +360,10 @@ def _finish_project(git, plan, outcomes, old_lock, new_lock, new_base, report_di
     line_root = project_root / plan.dest if plan.dest else project_root
     if plan.dest:
         seed_line(project_root, line_root, old_lock.version, new_lock.version)
-    res = build.export_locked(line_root, git)  # this rebase holds DIR's lock
+    res = export.export_locked(line_root, git)  # this rebase holds DIR's lock
     crashpoint("rebase:finish:export")
     project = Project.load(line_root)
-    new_lock.blobs = build.touched_blobs(git, new_base, project.patches)
+    new_lock.blobs = status.touched_blobs(git, new_base, project.patches)
     write_lock(line_root, new_lock)
     crashpoint("rebase:finish:lock")
     rel = str(report_dir.relative_to(project_root)) + "/report.md"

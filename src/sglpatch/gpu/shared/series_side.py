@@ -13,12 +13,12 @@ def patches_of(project: Path, workdir: Path) -> dict:
     comes from, read against the line of the checkout it holds (sglpatch.lines; line: "0.5.23
     (lines/0.5.23/)", "0.5.9 (primary)", or None when it holds none of them)."""
     from sglpatch import lines
-    from sglpatch.stack import build
+    from sglpatch.stack import status
 
     held = lines.held_by(project, workdir)
     root = held.root if held else project
     line = f"{held.release} ({'primary' if held.primary else held.where})" if held else None
-    return {"carried": build.carried(root, workdir), "status": build.status(root, workdir), "line": line}
+    return {"carried": status.carried(root, workdir), "status": status.status(root, workdir), "line": line}
 
 
 def installed_python(workdir: Path) -> str | None:
