@@ -24,7 +24,7 @@ echo "bench_watch.sh: warm-up run" >&2
 rc=0; sgl watch --project "$HERE" --releases "$RELEASES" --json "$TMP/warm.json" >/dev/null 2>"$TMP/warm.err" || rc=$?
 [ "$rc" -le 3 ] || { cat "$TMP/warm.err" >&2; exit 1; }
 sgl rebase --project "$HERE" --workdir "$TMP/no-workdir" --onto "$ONTO" --dry-run --source wheel >/dev/null 2>&1 || true
-CACHE="$("$PY" -c 'from sglpatch.cachedir import cache_dir; print(cache_dir())')/trees.git"
+CACHE="$("$PY" -c 'from sglpatch.upstream.cachedir import cache_dir; print(cache_dir())')/trees.git"
 mapfile -t TREES < <("$PY" -c 'import json, sys; print("\n".join(r["sha256"] for r in json.load(open(sys.argv[1]))["rows"]))' "$TMP/warm.json")
 NREL=${#TREES[@]}
 mapfile -t PATCHES < <(awk '!/^#/ && NF { print $1 }' "$HERE/series")

@@ -7,7 +7,7 @@ SGLPATCH_HOME="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 ME="$(basename "$0")"
 TOOL_VENV="${SGLPATCH_TOOL_VENV:-$SGLPATCH_HOME/.tool-venv}"
 case "$TOOL_VENV" in /*) ;; *) TOOL_VENV="$PWD/$TOOL_VENV" ;; esac
-TOOL_STAMP=".sglpatch-tool"  # written last into the venv; sglpatch.pyenv.TOOL_VENV_STAMP is the same name
+TOOL_STAMP=".sglpatch-tool"  # written last into the venv; sglpatch.pythonenv.interpreter.TOOL_VENV_STAMP is the same name
 
 # The comment block at the top of the calling script, without the '#'.
 usage() { awk 'NR == 1 { next } /^#/ { sub(/^# ?/, ""); print; next } { exit }' "$0"; }
@@ -34,14 +34,14 @@ wants_help() {
 # check_values NAME ARGS...: every option that takes a value has one (not missing, not empty,
 # not the next option), and a --python is a Python, before a lone "--"; else one line on
 # stderr and exit 2.
-VALUE_OPTS=" --workdir --project --python --source --onto --commit --upstream-url --profile --report \
+VALUE_OPTS=" --workdir --project --python --source --onto --commit --upstream-url --profile --report --report-dir \
 --baseline --tier --good --bad --timeout --on-timeout --log-dir --installer --probe-timeout --venv --release-artifact \
 --releases --json --markdown --jobs --ab --cuda --line "
 check_values() {
   local me="$1"; shift
   while [ $# -gt 0 ]; do
     [ "$1" = "--" ] && return 0
-    if [[ "$VALUE_OPTS" == *" $1 "* ]] && { [ $# -lt 2 ] || [ -z "$2" ] || [[ "$2" == -* ]]; }; then
+    if [[ "$VALUE_OPTS" == *" $1 "* ]] && { [ $# -lt 2 ] || [ -z "$2" ] || [[ "$2" == -?* ]]; }; then  # a lone -: stdout
       echo "$me: $1 needs a value (see $me --help)" >&2
       exit 2
     fi

@@ -88,8 +88,9 @@ def seed_sdists() -> None:
             os.replace(tmp, dest)
 
 try:  # the GPU tests run on machines without GitPython; they need none of this
-    from sglpatch import artifacts, stack  # noqa: E402
-    from sglpatch.lock import Lock, read_lock  # noqa: E402
+    from sglpatch.upstream import artifacts  # noqa: E402
+    from sglpatch.stack import build as stack
+    from sglpatch.upstream.pin import Lock, read_lock  # noqa: E402
 except ImportError:  # pragma: no cover
     artifacts = stack = Lock = read_lock = None
 

@@ -47,11 +47,13 @@ HOOK_0523 = """        # SGLANG_VERIFY_PROFILE=1 times each cycle's phases; off:
 """
 HOSTS = "        self._hosts_draft = get_parallel().pp_group.is_last_rank\n"
 P1_0523, P4_0523 = "tests/real_0523/test_p1_0523.py", "tests/real_0523/test_p4_0523.py"
+P1_0523_ARCH = "tests/real_0523/test_p1_0523_arch.py"  # issue 39: per GPU generation
 P1, P2 = "tests/patches/test_p1_flashinfer_fusion.py", "tests/patches/test_p2_pcie_custom_ar.py"
 P5 = "tests/patches/test_p5_pcie_ipc_allreduce.py"
 P5SET = "tests/patches/test_p5_flashinfer_set.py"
 F5 = "distributed/device_communicators/pcie_ipc_allreduce.py"
 P3, P4 = "tests/patches/test_p3_kimi_k25_eagle3.py", "tests/patches/test_p4_verify_profile.py"
+P4_VERDICT = "tests/patches/test_p4_verdict.py"  # issue 39: the profiler's own verdict line
 VERSION_CMP = ("pkg_version.parse(\n        flashinfer_version\n    ) < pkg_version.parse(min_version):",
                "(\n        flashinfer_version\n    ) < min_version:")  # compared as strings
 POLL_READY = ("            if not ev[cycle.end].query():\n", "            if not ev[_VERIFY_END].query():\n")
@@ -62,6 +64,9 @@ KERNEL = "tests/test_regress.py"  # the crossover, the cap and the judge, as uni
 P6T, JIT = "tests/patches/test_p6_jit_cccl.py", "tests/test_jitcheck.py"
 ROPE = "../jit_kernel/rope.py"  # P6's file, beside srt/
 CCCL_PATHS = ("        extra_include_paths=[str(p) for p in cccl_paths if p.exists()]\n        + [str(flashinfer_include_path)],\n")
+SM120_FLAG = "_is_sm120_supported = _is_cuda and get_platform().is_sm120\n"
+SM120_FLAG_BLACKWELL = (SM120_FLAG, SM120_FLAG.replace("get_platform().is_sm120", "get_platform().is_blackwell"))
+SM120_FLAG_120_ONLY = (SM120_FLAG, SM120_FLAG.replace("get_platform().is_sm120", "get_platform().device_sm == 120"))
 
 MUTANTS: dict[str, list[Mutant]] = {
     "0.5.23": [
@@ -102,6 +107,14 @@ MUTANTS: dict[str, list[Mutant]] = {
                                             '        "To use the fusion on SM120, install "\n')], [P1_0523]),
         Mutant("p1-measured-path-advice-dropped", "P1", "verdict", "the fused start-up warning no longer names the measured path (PCIe-IPC)",
                "layers/flashinfer_comm_fusion.py", [(' The measured path is SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=1."', '"')], [P1_0523]),
+        # issue 39: the size P1 hands to upstream at start-up, the arch flag that picks the SM120-only limit
+        Mutant("p1-prealloc-upstream-size", "P1", "number", "the workspace pre-allocated before graph capture is upstream's 2048 tokens "
+               "on SM120 too, not the decode/verify width", "model_executor/runner/base_runner.py",
+               [("            max_token_num=get_fuse_allreduce_max_tokens(),\n", "            max_token_num=2048,\n")], [P1_0523_ARCH]),
+        Mutant("p1-sm120-flag-any-blackwell", "P1", "default", "the SM120 flag taken from is_blackwell: SM100/SM110 get the SM120-only "
+               "token limit and workspace size", "layers/layer_boundary/residual/add_norm.py", [SM120_FLAG_BLACKWELL], [P1_0523_ARCH]),
+        Mutant("p1-sm120-flag-sm121-left-out", "P1", "default", "the SM120 flag from compute capability 12.0 only: a 12.1 GPU keeps "
+               "upstream's 2048", "layers/layer_boundary/residual/add_norm.py", [SM120_FLAG_120_ONLY], [P1_0523_ARCH]),
         Mutant("p4-read-before-extend-done", "P4", "ordering", "a cycle is read once its verify event completed, before its extend event",
                "speculative/spec_profiler.py", [POLL_READY], [P4_0523]),
         Mutant("p4-overflow-drops-newest", "P4", "ordering", "a full queue of unfinished cycles drops the newest, not the oldest",
@@ -141,6 +154,16 @@ MUTANTS: dict[str, list[Mutant]] = {
         Mutant("p1-advice-unfused-dropped", "P1", "verdict", "the gate's warning no longer says the unfused allreduce is used",
                "server_args.py", [('                "Using the unfused allreduce. To use the fusion on SM120, install "\n',
                                    '                "To use the fusion on SM120, install "\n')], [P1]),
+        # issue 39: the verdict sentence the profiler itself logs (not sglpatch profile-report's)
+        Mutant("p4-verdict-overall-accept", "P4", "default", "the profiler's verdict compares the overall accept length, not batch 1's",
+               "speculative/spec_profiler.py", [('            if bs1["accept_length"] >= rec["break_even_accept_length"]:\n',
+                                                 '            if rec["accept_length"] >= rec["break_even_accept_length"]:\n')], [P4_VERDICT]),
+        Mutant("p4-verdict-says-overall-accept", "P4", "verdict", "the profiler's verdict names the overall accept length as batch 1's",
+               "speculative/spec_profiler.py", [("f\"batch 1: accept len {bs1['accept_length']:.2f}, break-even accept \"",
+                                                 "f\"batch 1: accept len {rec['accept_length']:.2f}, break-even accept \"")], [P4_VERDICT]),
+        Mutant("p4-verdict-advice-cut", "P4", "verdict", "the profiler's SLOWER verdict no longer advises disabling speculation",
+               "speculative/spec_profiler.py", [('"(better drafter) or cut verify time, else disable speculation"',
+                                                 '"(better drafter) or cut verify time"')], [P4_VERDICT]),
         Mutant("p4-read-before-extend-done", "P4", "ordering", "a cycle is read once its verify event completed, before its extend event",
                "speculative/spec_profiler.py", [POLL_READY], [P4]),
         Mutant("p4-overflow-drops-newest", "P4", "ordering", "a full queue of unfinished cycles drops the newest, not the oldest",
@@ -275,13 +298,13 @@ MUTANTS: dict[str, list[Mutant]] = {
     ],
     "tool": [
         Mutant("profile-break-even-all-batches", "profile-report", "default", "break-even from the mean cycle of all batch sizes, not batch 1's",
-               "verify_profile.py", [('break_even_accept_length(bs1["cycle_ms_mean"], baseline_step_ms)', "break_even_accept_length(cycle_ms, baseline_step_ms)")],
+               "gpu/profile_report.py", [('break_even_accept_length(bs1["cycle_ms_mean"], baseline_step_ms)', "break_even_accept_length(cycle_ms, baseline_step_ms)")],
                [PROFILE_REPORT]),
         Mutant("profile-verdict-overall-accept", "profile-report", "default", "the verdict compares the overall accept length, not batch 1's",
-               "verify_profile.py", [('        if bs1["accept_length"] > s["break_even_accept_length"]:', '        if s["accept_length"] > s["break_even_accept_length"]:')],
+               "gpu/profile_report.py", [('        if bs1["accept_length"] > s["break_even_accept_length"]:', '        if s["accept_length"] > s["break_even_accept_length"]:')],
                [PROFILE_REPORT]),
         Mutant("profile-advice-cut", "profile-report", "verdict", "the SLOWER verdict no longer advises serving without speculation",
-               "verify_profile.py", [('or cut verify time, else serve without speculation"', 'or cut verify time"')], [PROFILE_REPORT]),
+               "gpu/profile_report.py", [('or cut verify time, else serve without speculation"', 'or cut verify time"')], [PROFILE_REPORT]),
         Mutant("decision-verify-at-decode-rows", "decision", "number", "the projected cycle uses the decode-row latency difference, not the verify rows'",
                "gpu/kernel/decision.py", [('        cycle = base["spec_cycle_ms"] - d_ver\n', '        cycle = base["spec_cycle_ms"] - d_dec\n')], [DECISION]),
         Mutant("decision-verify-rows-sum", "decision", "default", "verify rows as batch + draft tokens - 1 (the same at batch 1)",
@@ -298,17 +321,17 @@ MUTANTS: dict[str, list[Mutant]] = {
         Mutant("bisect-skip-exit-code", "bisect", "number", "a step that cannot run exits 2 to git bisect run (bad), not 125 (skip)",
                "bisect/model.py", [("exitcodes.ERROR, exitcodes.CANNOT_RUN, 255", "exitcodes.ERROR, exitcodes.USAGE, 255")], ["tests/test_bisect.py"]),
         Mutant("jitcheck-nvcc-error-ignored", "jitcheck", "verdict", "a kernel whose build failed counts as built (nvcc's error ignored)",
-               "jitcheck.py", [('        if rec["state"] != "unchecked" and rec["objects"] and rec["built"] == rec["objects"] and rec["linked"]:\n',
+               "pythonenv/jit_kernels.py", [('        if rec["state"] != "unchecked" and rec["objects"] and rec["built"] == rec["objects"] and rec["linked"]:\n',
                                 '        if rec["state"] != "unchecked":\n')], [JIT]),
         Mutant("jitcheck-last-error", "jitcheck", "verdict", "the cause named is nvcc's last error line, not its first",
-               "jitcheck.py", [("        hit = next((ln for ln in lines if re.search(pat, ln)), None)\n",
+               "pythonenv/jit_kernels.py", [("        hit = next((ln for ln in lines if re.search(pat, ln)), None)\n",
                                 "        hit = next((ln for ln in reversed(lines) if re.search(pat, ln)), None)\n")], [JIT]),
         Mutant("jitcheck-arch-unset", "jitcheck", "default", "TVM_FFI_CUDA_ARCH_LIST not set: SGLang asks the GPU (works only where one is)",
-               "jitcheck.py", [("        env.update(TVM_FFI_CUDA_ARCH_LIST=arch, TVM_FFI_CACHE_DIR=tmp, ", "        env.update(TVM_FFI_CACHE_DIR=tmp, ")], [JIT]),
+               "pythonenv/jit_kernels.py", [("        env.update(TVM_FFI_CUDA_ARCH_LIST=arch, TVM_FFI_CACHE_DIR=tmp, ", "        env.update(TVM_FFI_CACHE_DIR=tmp, ")], [JIT]),
         Mutant("doctor-jit-arch-default", "doctor", "default", "the doctor builds for 12.0 whatever the profile's [target] cuda_arch",
-               "gpu/doctor/run.py", [('    arch = str((prof.get("target") or {}).get("cuda_arch") or jitcheck.ARCH)\n',
-                                      "    arch = jitcheck.ARCH\n")], [JIT]),
+               "gpu/doctor/run.py", [('    arch = str((prof.get("target") or {}).get("cuda_arch") or jit_kernels.ARCH)\n',
+                                      "    arch = jit_kernels.ARCH\n")], [JIT]),
         Mutant("fiset-way-back-unrecorded", "flashinfer set", "verdict", "the way back is not recorded in the workdir: the JIT failure cannot name it",
-               "fiset.py", [("    if record and t.rollback:\n", "    if False:\n")], [JIT]),
+               "pythonenv/flashinfer_set.py", [("    if record and t.rollback:\n", "    if False:\n")], [JIT]),
     ],
 }

@@ -79,12 +79,13 @@ def build_tree(line: str, top: Path) -> Path:
     sys.path.insert(0, str(ROOT / "src"))
     from conftest import copy_project
 
-    from sglpatch import context, stack
+    from sglpatch import context
+    from sglpatch.stack import build
 
     project = copy_project(top / "project")
     ctx = context.resolve(argparse.Namespace(project=str(project), line=None if line == "0.5.9" else line, workdir=str(top / "wd")))
     print(f"mutants: {ctx.named()} ({ctx.line.where}), tree {ctx.workdir}", file=sys.stderr, flush=True)
-    stack.apply(ctx.project, ctx.workdir, source="sdist")
+    build.apply(ctx.project, ctx.workdir, source="sdist")
     return ctx.workdir
 
 

@@ -9,14 +9,14 @@ from pathlib import Path
 import pytest
 
 from conftest import SERIES, git, make_venv, sglpatch, sglpatch_inproc
-from sglpatch import stack
-from sglpatch.lock import read_lock, write_lock
+from sglpatch.stack import build
+from sglpatch.upstream.pin import read_lock, write_lock
 
 
 def _mirror(tmp_path: Path, project: Path) -> tuple[Path, str]:
     """A local git 'upstream' holding the sdist tree with tag v0.5.9 (stands in for GitHub)."""
     wd = tmp_path / "seed"
-    stack.apply(project, wd, source="sdist")
+    build.apply(project, wd, source="sdist")
     mirror = tmp_path / "mirror"
     git(tmp_path, "clone", "-q", "--branch", "upstream", str(wd), str(mirror))
     git(mirror, "tag", "v0.5.9")

@@ -21,7 +21,9 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, git, sglpatch
 
-from sglpatch import bisect, stack
+from sglpatch import bisect
+from sglpatch.bisect import driver, report as bisect_report
+from sglpatch.stack import build
 from sglpatch.errors import SglpatchError
 
 N = 5
@@ -48,7 +50,7 @@ def bisect_project(tmp_path_factory, sdist_059) -> tuple[Path, Path, list[str]]:
     shutil.copy2(ROOT / "upstream.lock", project / "upstream.lock")
     (project / "series").write_text("")
     wd = base / "wd"
-    stack.apply(project, wd, source="sdist")  # upstream only (empty series)
+    build.apply(project, wd, source="sdist")  # upstream only (empty series)
     scratch = base / "scratch"
     git(base, "clone", "-q", "--branch", "upstream", str(wd), str(scratch))
     env = dict(
@@ -83,7 +85,7 @@ def bisect_project(tmp_path_factory, sdist_059) -> tuple[Path, Path, list[str]]:
         (project / "patches" / name).write_bytes(data)
         names.append(name)
     (project / "series").write_text("# bisect test series\n" + "".join(f"{n}\n" for n in names))
-    stack.apply(project, wd, source="sdist")
+    build.apply(project, wd, source="sdist")
     assert len(git(wd, "rev-list", "upstream..patched").split()) == N
     return project, wd, names
 
@@ -175,7 +177,7 @@ def test_names_each_patch_within_bound(bisect_project, check, tmp_path, monkeypa
     for k in range(1, N + 1):
         mode = "crash" if k == N else "normal"  # a CMD killed by a signal counts as bad (git would abort)
         cmd = check(wd, mode, bad_k=k)
-        res = bisect.run(wd, cmd, triage=True, project_root=project, log_dir=tmp_path / f"log{k}")
+        res = driver.run(wd, cmd, triage=True, project_root=project, log_dir=tmp_path / f"log{k}")
         runs = check.runs()
         assert res.outcome == "found", res.message
         assert res.first_bad.index == k and res.first_bad.name == names[k - 1]
@@ -191,7 +193,7 @@ def test_names_each_patch_within_bound(bisect_project, check, tmp_path, monkeypa
             assert cwd == str(user_cwd) and head == commit
             assert patch == ("upstream" if commit == upstream else names[series.index(commit)])
         assert_restored(wd, patched)
-        report = "\n".join(bisect.format_report(res))
+        report = "\n".join(bisect_report.format_report(res))
         assert names[k - 1] in report and f"bisect test patch {k}" in report and f"CMD runs: {len(runs)}" in report
         assert (tmp_path / f"log{k}" / "steps.txt").read_text().count("\n") == len(runs) + 1
     out = capfdbinary.readouterr()
@@ -201,7 +203,7 @@ def test_names_each_patch_within_bound(bisect_project, check, tmp_path, monkeypa
 
 def test_without_triage_trusts_endpoints(bisect_project, check, tmp_path):
     project, wd, names = bisect_project
-    res = bisect.run(wd, check(wd, bad_k=2), project_root=project, log_dir=tmp_path / "log")
+    res = driver.run(wd, check(wd, bad_k=2), project_root=project, log_dir=tmp_path / "log")
     assert res.outcome == "found" and res.first_bad.name == names[1]
     assert res.runs == len(check.runs()) <= math.ceil(math.log2(N))
     assert_restored(wd, git(wd, "rev-parse", "patched"))
@@ -211,7 +213,7 @@ def test_cli_triage_upstream_regression_no_bisect(bisect_project, check, tmp_pat
     project, wd, _ = bisect_project
     logs = tmp_path / "log"
     proc = sglpatch(
-        "bisect", "--workdir", str(wd), "--project", str(project), "--triage", "--log-dir", str(logs),
+        "bisect", "--workdir", str(wd), "--project", str(project), "--triage", "--report-dir", str(logs),
         "--", *check(wd, "upstream-bad"), cwd=tmp_path,
     )
     assert proc.returncode == 0, proc.stderr
@@ -231,7 +233,7 @@ def test_hang_times_out_kills_group_and_restores(workdir, bisect_project, check,
     project, _, names = bisect_project
     patched = git(workdir, "rev-parse", "patched")
     t0 = time.monotonic()
-    res = bisect.run(workdir, check(workdir, "hang", bad_k=4), timeout=1.0, project_root=project, log_dir=tmp_path / "log")
+    res = driver.run(workdir, check(workdir, "hang", bad_k=4), timeout=1.0, project_root=project, log_dir=tmp_path / "log")
     assert time.monotonic() - t0 < 30
     assert res.outcome == "found" and res.first_bad.name == names[3]
     timed_out = [s for s in res.steps if s.rc is None]
@@ -254,11 +256,11 @@ def test_skip_is_handled(bisect_project, check, tmp_path):
     project, wd, names = bisect_project
     series = git(wd, "rev-list", "--reverse", "upstream..patched").split()
     # commit of patch 2 cannot be tested: the bad one (4) is still found
-    res = bisect.run(wd, check(wd, bad_k=4, skip_k=2), triage=True, project_root=project, log_dir=tmp_path / "a")
+    res = driver.run(wd, check(wd, bad_k=4, skip_k=2), triage=True, project_root=project, log_dir=tmp_path / "a")
     assert res.outcome == "found" and res.first_bad.name == names[3]
     assert res.runs == len(check.runs()) <= BOUND
     # the commit just below the bad one cannot be tested: git cannot decide between 3 and 4
-    res = bisect.run(wd, check(wd, bad_k=4, skip_k=3), triage=True, project_root=project, log_dir=tmp_path / "b")
+    res = driver.run(wd, check(wd, bad_k=4, skip_k=3), triage=True, project_root=project, log_dir=tmp_path / "b")
     assert any(s.verdict == "skip" for s in res.steps)
     assert res.outcome == "ambiguous" and res.exit_code == 1
     assert [c.commit for c in res.candidates] == series[2:4]
@@ -277,7 +279,7 @@ def test_sigint_during_a_step_restores_patched(phase, workdir, bisect_project, c
     env = dict(os.environ, PYTHONPATH=str(Path(bisect.__file__).resolve().parents[2]))  # the sglpatch under test
     proc = subprocess.Popen(
         [sys.executable, "-m", "sglpatch.cli", "bisect", "--workdir", str(workdir), "--project", str(project),
-         "--log-dir", str(tmp_path / "log"), *extra, "--", *cmd],
+         "--report-dir", str(tmp_path / "log"), *extra, "--", *cmd],
         cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
     )
     pids = check.counter.parent / "runs.txt.pids"
@@ -302,7 +304,7 @@ def test_refuses_dirty_or_bisect_in_progress(workdir, check, tmp_path):
     f = workdir / FILES[0]
     f.write_text(f.read_text() + "# local edit\n")
     with pytest.raises(SglpatchError, match=r"uncommitted changes .*git stash"):
-        bisect.run(workdir, check(workdir), log_dir=tmp_path / "log")
+        driver.run(workdir, check(workdir), log_dir=tmp_path / "log")
     assert f.read_text().endswith("# local edit\n") and check.runs() == []
     git(workdir, "checkout", "-q", "--", FILES[0])
     git(workdir, "bisect", "start", "patched", "upstream")
@@ -319,7 +321,7 @@ def test_refuses_dirty_or_bisect_in_progress(workdir, check, tmp_path):
 def test_a_cmd_that_could_not_run_anywhere_gives_no_verdict_and_exit_125(triage, bisect_project, check, tmp_path):
     project, wd, _ = bisect_project
     extra = ["--triage"] if triage else []
-    proc = sglpatch("bisect", "--workdir", str(wd), "--project", str(project), *extra, "--log-dir", str(tmp_path / "log"),
+    proc = sglpatch("bisect", "--workdir", str(wd), "--project", str(project), *extra, "--report-dir", str(tmp_path / "log"),
                     "--", *check(wd, "cannot"), cwd=tmp_path)
     runs = len(check.runs())
     assert proc.returncode == 125, proc.stdout + proc.stderr
@@ -332,7 +334,7 @@ def test_a_cmd_that_could_not_run_anywhere_gives_no_verdict_and_exit_125(triage,
 def test_triage_draws_no_verdict_from_a_full_stack_that_could_not_run(bisect_project, check, tmp_path):
     """GOOD fails, BAD cannot run: not "regression is upstream ... the full stack passes"."""
     project, wd, _ = bisect_project
-    res = bisect.run(wd, check(wd, "upbad-skip"), triage=True, project_root=project, log_dir=tmp_path / "log")
+    res = driver.run(wd, check(wd, "upbad-skip"), triage=True, project_root=project, log_dir=tmp_path / "log")
     assert (res.outcome, res.exit_code) == ("inconclusive", 1), res.message
     assert res.message == f"cannot triage: CMD could not run (exit 125) on {res.steps[1].label}"
     assert [s.verdict for s in res.steps] == ["bad", "skip"]
@@ -422,7 +424,7 @@ def test_an_exit_that_is_no_verdict_stops_git_bisect_run(code, bisect_project, c
     (git's 1-127), naming patch 3; now the bisect stops with one line, no patch named."""
     project, wd, names = bisect_project
     with pytest.raises(SglpatchError) as e:
-        bisect.run(wd, check(wd, f"exit-{code}", bad_k=3), project_root=project, log_dir=tmp_path / "log")
+        driver.run(wd, check(wd, f"exit-{code}", bad_k=3), project_root=project, log_dir=tmp_path / "log")
     assert e.value.exit_code == (2 if code == 2 else 1)
     msg = str(e.value)
     assert msg.startswith(f"CMD exited {code} (") and "no verdict" in msg and "first bad" not in msg and "\n" not in msg
@@ -432,7 +434,7 @@ def test_an_exit_that_is_no_verdict_stops_git_bisect_run(code, bisect_project, c
 
 def test_triage_says_the_exit_codes_it_saw(bisect_project, check, tmp_path):
     project, wd, _ = bisect_project
-    res = bisect.run(wd, check(wd, bad_k=2), triage=True, project_root=project, log_dir=tmp_path / "log")
+    res = driver.run(wd, check(wd, bad_k=2), triage=True, project_root=project, log_dir=tmp_path / "log")
     assert res.outcome == "found"
-    res = bisect.run(wd, check(wd, "never"), triage=True, project_root=project, log_dir=tmp_path / "log2")
+    res = driver.run(wd, check(wd, "never"), triage=True, project_root=project, log_dir=tmp_path / "log2")
     assert res.message == "no regression: CMD passes on upstream and on the full stack (exit codes: 0 on GOOD, 0 on BAD)"

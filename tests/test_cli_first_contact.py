@@ -14,7 +14,7 @@ import pytest
 
 from conftest import ROOT, SERIES, git
 from sglpatch import __version__
-from sglpatch.lock import read_lock, write_lock
+from sglpatch.upstream.pin import read_lock, write_lock
 
 try:
     import tomllib
@@ -48,14 +48,14 @@ def test_help_is_a_description_and_shows_defaults():
     top = cli("--help").stdout
     assert "rooms" not in top and "patch series" in top and "scripts/apply.sh" in top
     apply_help = " ".join(cli("apply", "--help").stdout.split())
-    assert "--source {auto,git,sdist}" in apply_help and "(default: auto)" in apply_help
-    assert "(default: 8.0)" in apply_help  # --probe-timeout
+    assert "--source {auto,git,registry,sdist,wheel}" in apply_help and "(default: auto: what you serve" in apply_help
+    assert "--probe-timeout SEC" in apply_help and "(default: 8.0)" in apply_help
     check_help = " ".join(cli("check", "--help").stdout.split())
-    assert "registry's artifact" in check_help and "(default: sdist)" in check_help
+    assert "the release's artifact on the package index" in check_help and "(default: registry: a CI gate needs no network)" in check_help
     regress_help = " ".join(cli("regress", "--help").stdout.split())
     assert "allreduce" in regress_help and "(default: all)" in regress_help
     bisect_help = cli("bisect", "--help").stdout
-    assert " DIR " not in bisect_help.replace("\n", " ") and "<workdir>/.git/sglpatch-bisect" in " ".join(bisect_help.split())
+    assert "--report-dir DIR" in bisect_help and "--log-dir" not in bisect_help and "<workdir>/.git/sglpatch-bisect" in " ".join(bisect_help.split())
     assert "(default: None)" not in apply_help + check_help + regress_help
 
 
@@ -113,8 +113,7 @@ def test_what_the_tool_writes_into_the_project_is_ignored():
 def _commands() -> list[str]:
     from sglpatch.cli import build_parser
 
-    sub = next(a for a in build_parser()._actions if isinstance(a, __import__("argparse")._SubParsersAction))
-    return sorted(sub.choices)
+    return sorted(build_parser()[1])
 
 
 def test_the_exit_code_table_is_in_every_help_and_the_readme():
@@ -136,8 +135,8 @@ def test_exit_codes_are_numbers_only_in_exitcodes():
     import ast
 
     for path in sorted((ROOT / "src" / "sglpatch").rglob("*.py")):
-        if path.name == "exitcodes.py" or path.parts[-2:] == ("kernel", "bench.py") or "kbench" in path.parts:
-            continue  # kernel_bench and its kbench/ package: a torchrun worker's own status (EXIT_HANG)
+        if path.name == "exitcodes.py" or path.parts[-2:] == ("kernel", "bench.py") or "microbench" in path.parts:
+            continue  # kernel_bench and its microbench/ package: a torchrun worker's own status (EXIT_HANG)
         for node in ast.walk(ast.parse(path.read_text())):
             literal = None
             if isinstance(node, ast.keyword) and node.arg == "exit_code":
@@ -260,7 +259,7 @@ def test_a_recorded_resolution_that_misfits_is_not_told_about_apply(tmp_path):
     import re
 
     from conftest import copy_project
-    from sglpatch import watch
+    from sglpatch.watch import matrix
 
     project = copy_project(tmp_path / "project")
     shutil.rmtree(project / "resolutions" / "0.5.23")  # the newest's own records would answer first
@@ -270,7 +269,7 @@ def test_a_recorded_resolution_that_misfits_is_not_told_about_apply(tmp_path):
                      count=1, flags=re.M)
     assert shifted != text
     port.write_text(shifted)
-    cell = watch.run(project, "0.5.10")["rows"][0]["cells"]["0002-pcie-custom-allreduce.patch"]
+    cell = matrix.run(project, "0.5.10")["rows"][0]["cells"]["0002-pcie-custom-allreduce.patch"]
     notes = [d for d in cell["details"] if "the recorded resolution no longer applies" in d]
     assert notes and "needs an offset of -7 lines" in notes[0], cell
     assert "a recorded resolution must fit the new upstream exactly: re-record it (scripts/rerecord.sh VERSION)" in notes[0]
@@ -336,6 +335,6 @@ def test_readme_first_contact_says_what_where_and_what_is_needed():
 def test_readme_names_the_tool_venv_the_scripts_really_use():
     lib = (ROOT / "scripts" / "lib.sh").read_text()
     assert 'TOOL_VENV="${SGLPATCH_TOOL_VENV:-$SGLPATCH_HOME/.tool-venv}"' in lib
-    from sglpatch.pyenv import TOOL_VENV_STAMP
+    from sglpatch.pythonenv.interpreter import TOOL_VENV_STAMP
 
     assert f'TOOL_STAMP="{TOOL_VENV_STAMP}"' in lib

@@ -190,7 +190,7 @@ def test_pcie_ipc_switch_names_what_serves_it_on_each_line():
 
 
 def test_the_worker_reads_the_pcie_ipc_adapter_from_the_files(tmp_path, monkeypatch):
-    from sglpatch.gpu.kernel.kbench import hardware
+    from sglpatch.gpu.kernel.microbench import hardware
     from sglpatch.gpu.kernel.launch import install_label
 
     pkg = tmp_path / "sglang"

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from conftest import SERIES
-from sglpatch import pyenv
+from sglpatch.pythonenv import interpreter
 from sglpatch.gpu.doctor import checks as dc
 from sglpatch.gpu.doctor import gpu as dg
 from sglpatch.gpu.shared import profile as profiles
@@ -216,8 +216,8 @@ def test_installed_tree_without_its_dependencies_gets_the_install_deps_command(t
     assert c.text == (f"sglang 0.5.9 is installed (editable from {tree}) but does not import with {sys.executable}: "
                       "ModuleNotFoundError: No module named 'sglpatch_test_dep_not_there'; none of its 1 declared dependencies is "
                       "installed (sglpatch-test-dep-not-there missing)")
-    assert c.fix == (f"install them: {sys.executable} -m pip install -e {tree}" if not pyenv.find_uv() else
-                     f"install them: {pyenv.find_uv()} pip install --python {sys.executable} -e {tree}") + \
+    assert c.fix == (f"install them: {sys.executable} -m pip install -e {tree}" if not interpreter.find_uv() else
+                     f"install them: {interpreter.find_uv()} pip install --python {sys.executable} -e {tree}") + \
         "; or build a complete new venv: scripts/apply.sh --venv NEWDIR"
     fi, _ = dc.check_kernels(dc.probe_python(sys.executable, env), served)
     assert "usable by P5 (0.5.9 + the series)" in fi.text and "no PCIe-IPC adapter" not in fi.text, fi.line()
@@ -245,7 +245,7 @@ def test_sglang_line_of_the_patched_workdir(patched_python, patched_tree, projec
 
 
 def test_driver_against_the_cuda_of_that_torch(seen, tmp_path):
-    from sglpatch import preflight
+    from sglpatch.pythonenv import preflight
 
     major = int(seen["info"]["torch"]["cuda"].split(".")[0])
     old = {12: "520.61.05", 13: "575.57.08"}[major]
@@ -260,7 +260,7 @@ def test_driver_against_the_cuda_of_that_torch(seen, tmp_path):
 
 def test_nvcc_on_the_cuda_home_the_interpreter_sees(seen, tmp_path):
     """flashinfer's JIT: nvcc >= 12.8 for P5 on any GPU, >= 12.9 for P1 on SM12x; 12.10 is above 12.8."""
-    from sglpatch import preflight
+    from sglpatch.pythonenv import preflight
 
     rows, exe = preflight.gpus(fake_smi(tmp_path / "sm120", cap="12.0"))
     seen_nvcc = seen["tmp"] / "cuda-12.8" / "bin" / "nvcc"
@@ -502,14 +502,14 @@ def test_regress_server_tier_runs_the_doctor_first_and_refuses_the_load(tmp_path
     """))
     env = base_env({"PYTHONPATH": str(good), "PATH": f"{smi_dir}:{os.environ['PATH']}"})
     cmd = [sys.executable, "-m", "sglpatch.gpu.regress", "--tier", "server", "--profile", "t", "--project", str(proj)]
-    r = subprocess.run([*cmd, "--report", str(tmp_path / "r1")], capture_output=True, text=True, env=env, timeout=300)
+    r = subprocess.run([*cmd, "--report-dir", str(tmp_path / "r1")], capture_output=True, text=True, env=env, timeout=300)
     assert r.returncode == 125, r.stdout + r.stderr
     assert "tier server: cannot_run: the doctor refused the load: gpu-memory failed (doctor.json); fix them, or pass " \
            "--no-doctor" in r.stdout
     assert "  - doctor: fail gpu-memory: GPU 7 short of memory (3.0 GiB free; needs " in r.stdout
     assert "sglpatch: warn sglang: " in r.stderr and "sglpatch: fail gpu-memory" in r.stderr
     assert not launched.exists() and json.loads((tmp_path / "r1" / "doctor.json").read_text())["status"] == "fail"
-    r = subprocess.run([*cmd, "--report", str(tmp_path / "r2"), "--no-doctor"], capture_output=True, text=True,
+    r = subprocess.run([*cmd, "--report-dir", str(tmp_path / "r2"), "--no-doctor"], capture_output=True, text=True,
                        env=env, timeout=300)
     assert launched.exists() and not (tmp_path / "r2" / "doctor.json").exists(), r.stdout + r.stderr
 
@@ -522,7 +522,7 @@ def test_sglpatch_doctor_is_registered_with_its_options(tmp_path):
     text = " ".join(subprocess.run([exe, "doctor", "--help"], capture_output=True, text=True).stdout.split())
     for opt in ("--python", "--profile", "--json FILE", "--kill-stale", "--yes", "--kernel-report DIR", "--no-p2p"):
         assert opt in text
-    assert "--p2p-timeout S deadline per GPU pair (default: 20.0)" in text and "--dev-glob" not in text
+    assert "--p2p-timeout SEC deadline per GPU pair, in seconds (default: 20.0)" in text and "--dev-glob" not in text
     top = subprocess.run([exe, "--help"], capture_output=True, text=True).stdout
     assert "doctor" in top and "run it first on a new box" in " ".join(top.split())
     r = subprocess.run([exe, "doctor", "--profile", "nope", "--project", str(ROOT)], capture_output=True, text=True)

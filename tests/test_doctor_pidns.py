@@ -103,7 +103,7 @@ w = worker()  # its process group is the one outside (getpgid: 0)
 os.setsid()   # PID 1 leaves it: the worker is that group's only member here
 code = (
     "import json, sys\\n"
-    "from sglpatch.gpu.doctor import procs as dp\\n"
+    "from sglpatch.gpu.doctor import gpu_holders as dp\\n"
     f"gp = dp.describe({w.pid}, ['dev'], {{}})\\n"
     "gp.parent_gone = True  # taken as stale, to reach end_stale's group rule\\n"
     "print(json.dumps({'pgid': gp.pgid, 'lines': dp.end_stale([gp], grace=5.0)}))\\n"

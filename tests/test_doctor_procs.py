@@ -22,7 +22,7 @@ from conftest import wait_pid
 
 from sglpatch.gpu.doctor import run as doctor
 
-from sglpatch.gpu.doctor import procs as doctor_procs
+from sglpatch.gpu.doctor import gpu_holders as doctor_procs
 
 HOLD = "import os, sys, time\nf = open(sys.argv[1])\nopen(sys.argv[2], 'w').write(str(os.getpid()))\ntime.sleep(600)\n"
 

@@ -20,7 +20,7 @@ from types import SimpleNamespace
 import pytest
 
 from conftest import ROOT
-from sglpatch import fiset
+from sglpatch.pythonenv import flashinfer_set
 from sglpatch.errors import SglpatchError
 
 OLD = ["flashinfer-python==0.6.3", "flashinfer-cubin==0.6.3", "quack-kernels==0.2.4", "nvidia-cutlass-dsl==4.3.4"]
@@ -77,12 +77,12 @@ def serving(tmp: Path, installer: str) -> str:
 
 
 def has(py: str) -> dict[str, str]:
-    return {k: v for k, v in fiset.installed(py).items() if k in ("flashinfer-python", "flashinfer-cubin", "quack-kernels",
+    return {k: v for k, v in flashinfer_set.installed(py).items() if k in ("flashinfer-python", "flashinfer-cubin", "quack-kernels",
                                                                   "nvidia-cutlass-dsl", "cuda-tile")}
 
 
 def test_the_projects_file_is_read_as_documented():
-    fs = fiset.read(ROOT)
+    fs = flashinfer_set.read(ROOT)
     assert fs.requirements == ["flashinfer-python==0.7.2", "nvidia-cutlass-dsl>=4.6.2"]
     assert list(fs.remove) == ["flashinfer-cubin", "flashinfer-jit-cache", "quack-kernels"] and fs.index == ""
 
@@ -90,10 +90,10 @@ def test_the_projects_file_is_read_as_documented():
 @pytest.mark.parametrize("installer", ["uv", "pip"])
 def test_into_the_serving_python_one_set_pip_check_clean_idempotent_and_the_way_back_works(box, installer, capsys):
     py = serving(box["tmp"], installer)
-    fs = fiset.read(box["project"])
+    fs = flashinfer_set.read(box["project"])
     inst = f"uv pip install --python {py}" if installer == "uv" else f"{py} -m pip install --disable-pip-version-check"
-    inst = inst.replace("uv ", f"{fiset.find_uv()} ", 1)
-    lines = fiset.install_into(py, fs, installer)
+    inst = inst.replace("uv ", f"{flashinfer_set.find_uv()} ", 1)
+    lines = flashinfer_set.install_into(py, fs, installer)
     back = f"{inst} flashinfer-python==0.6.3 nvidia-cutlass-dsl==4.3.4 flashinfer-cubin==0.6.3 quack-kernels==0.2.4"
     assert lines == [f"flashinfer: {py} now has flashinfer-python 0.7.2, nvidia-cutlass-dsl 4.6.2; removed flashinfer-cubin, "
                      f"quack-kernels; the way back: {back}", "pip check: no conflict with the flashinfer set (clean)"]
@@ -110,7 +110,7 @@ def test_into_the_serving_python_one_set_pip_check_clean_idempotent_and_the_way_
     check = ["uv", "pip", "check", "--python", py] if installer == "uv" else [py, "-m", "pip", "check"]
     assert subprocess.run(check, capture_output=True).returncode == 0  # the installer's own check, clean
     # again: nothing to install, nothing to remove
-    assert fiset.install_into(py, fs, installer) == [
+    assert flashinfer_set.install_into(py, fs, installer) == [
         f"flashinfer: {py} already has flashinfer-python 0.7.2 and the set; nothing to change",
         "pip check: no conflict with the flashinfer set (clean)"]
     assert "installing:" not in capsys.readouterr().err
@@ -125,7 +125,7 @@ def test_a_set_that_leaves_the_clash_fails_in_one_line_naming_it(box):
     toml.write_text(toml.read_text().replace("quack-kernels = ", "# quack-kernels = "))
     py = serving(box["tmp"], "uv")
     with pytest.raises(SglpatchError) as e:
-        fiset.install_into(py, fiset.read(box["project"]), "uv")
+        flashinfer_set.install_into(py, flashinfer_set.read(box["project"]), "uv")
     msg = str(e.value)
     assert "\n" not in msg and msg.startswith(f"pip check in {py} after --with-flashinfer: 1 conflict(s) with the flashinfer set: ")
     assert "quack-kernels" in msg and "nvidia-cutlass-dsl" in msg and "the way back: " in msg
@@ -178,14 +178,14 @@ def test_untrusted_file_is_checked_field_by_field(tmp_path, text, error):
     (tmp_path / "deps").mkdir()
     (tmp_path / "deps" / "flashinfer.toml").write_text(text)
     with pytest.raises(SglpatchError) as e:
-        fiset.read(tmp_path)
+        flashinfer_set.read(tmp_path)
     assert error in str(e.value) and str(e.value).startswith(f"{tmp_path}/deps/flashinfer.toml")
 
 
 def test_rewrite_puts_the_set_into_a_releases_pins():
     reqs = ["torch==2.9.1", "flashinfer_python==0.6.3", "flashinfer_cubin==0.6.3", "quack-kernels==0.2.4",
             "nvidia-cutlass-dsl>=4.3.4", 'numpy; python_version >= "3.10"']
-    out, notes = fiset.rewrite(reqs, fiset.read(ROOT))
+    out, notes = flashinfer_set.rewrite(reqs, flashinfer_set.read(ROOT))
     assert out == ["torch==2.9.1", "flashinfer-python==0.7.2", "nvidia-cutlass-dsl>=4.6.2", 'numpy; python_version >= "3.10"']
     assert notes == ["flashinfer-python ==0.6.3 -> ==0.7.2 (deps/flashinfer.toml)",
                      "flashinfer-cubin==0.6.3 dropped (its version must match flashinfer-python's (0.5.9 pins 0.6.3); the "
@@ -193,7 +193,7 @@ def test_rewrite_puts_the_set_into_a_releases_pins():
                      "quack-kernels==0.2.4 dropped (0.2.4 (0.5.9's pin) needs nvidia-cutlass-dsl<4.4, flashinfer 0.7.2 needs "
                      ">=4.6.2; in 0.5.9 only jit_kernel/flash_attention/cute/flash_fwd.py imports it)",
                      "nvidia-cutlass-dsl >=4.3.4 -> >=4.6.2 (flashinfer 0.7.2 needs it)"]
-    out, notes = fiset.rewrite(["torch==2.9.1"], fiset.read(ROOT))  # a release without them: added
+    out, notes = flashinfer_set.rewrite(["torch==2.9.1"], flashinfer_set.read(ROOT))  # a release without them: added
     assert out == ["torch==2.9.1", "flashinfer-python==0.7.2", "nvidia-cutlass-dsl>=4.6.2"]
     assert notes[-1] == "nvidia-cutlass-dsl>=4.6.2 added (deps/flashinfer.toml)"
 
@@ -201,20 +201,20 @@ def test_rewrite_puts_the_set_into_a_releases_pins():
 def test_the_trees_own_pins_must_admit_the_set(tmp_path, patched_tree):
     """Before anything is installed: a pin of the patched tree that the set breaks (pip check would
     name it) refuses in one line. The real tree says what the series carries today."""
-    fs = fiset.read(ROOT)
+    fs = flashinfer_set.read(ROOT)
     tree = tmp_path / "wd"
     (tree / "python").mkdir(parents=True)
     pyproject = tree / "python" / "pyproject.toml"
     pyproject.write_text('[project]\nname = "sglang"\ndependencies = ["torch==2.9.1", "flashinfer_python==0.6.3", '
                          '"flashinfer_cubin==0.6.3", "quack-kernels==0.2.4", "nvidia-cutlass-dsl>=4.3.4"]\n')
-    assert fiset.tree_conflicts(tree, fs) == ["flashinfer_python==0.6.3 (the set installs 0.7.2)",
+    assert flashinfer_set.tree_conflicts(tree, fs) == ["flashinfer_python==0.6.3 (the set installs 0.7.2)",
                                               "flashinfer_cubin==0.6.3 (the set removes it)",
                                               "quack-kernels==0.2.4 (the set removes it)"]
     pyproject.write_text('[project]\nname = "sglang"\ndependencies = ["flashinfer_python==0.7.2", "nvidia-cutlass-dsl>=4.3.4"]\n')
-    assert fiset.tree_conflicts(tree, fs) == []
+    assert flashinfer_set.tree_conflicts(tree, fs) == []
     pyproject.unlink()  # a wheel-sourced tree: nothing to compare
-    assert fiset.tree_conflicts(tree, fs) == []
-    real = fiset.tree_conflicts(patched_tree, fs)
+    assert flashinfer_set.tree_conflicts(tree, fs) == []
+    real = flashinfer_set.tree_conflicts(patched_tree, fs)
     pins = (patched_tree / "python" / "pyproject.toml").read_text()
     if '"flashinfer_python==0.6.3"' in pins:  # the series without P5's pin change
         assert real[0] == "flashinfer_python==0.6.3 (the set installs 0.7.2)"
@@ -231,14 +231,14 @@ def test_apply_refuses_before_installing_when_the_tree_pins_the_old_set(box, pro
     proc = subprocess.run([sys.executable, "-m", "sglpatch.cli", "apply", "--project", str(project_copy), "--workdir", str(wd),
                            "--source", "sdist", "--python", py, "--with-flashinfer"], capture_output=True, text=True,
                           env=box["cli_env"], timeout=600, cwd=ROOT)
-    bad = fiset.tree_conflicts(wd, fiset.read(project_copy))
+    bad = flashinfer_set.tree_conflicts(wd, flashinfer_set.read(project_copy))
     if not bad:
         pytest.skip("the series pins deps/flashinfer.toml's set (P5's pin change): covered by the install tests")
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert proc.stderr.strip().splitlines()[-1] == (
         f"sglpatch: error: the patched tree's python/pyproject.toml pins {', '.join(bad)}: pip check would fail after "
         "--with-flashinfer; the series must carry P5's pin change (deps/flashinfer.toml); nothing was installed")
-    assert has(py)["flashinfer-python"] == "0.6.3" and "sglang" not in fiset.installed(py)
+    assert has(py)["flashinfer-python"] == "0.6.3" and "sglang" not in flashinfer_set.installed(py)
 
 
 # ----------------------------------------------------------------------------- issue 38: the user's pip configuration, torch
@@ -291,11 +291,11 @@ def test_the_set_is_installed_within_the_users_pip_configuration_and_its_plan_co
     """torch 2.9.1 is there; the user's constraint keeps nvidia-cutlass-dsl below 4.7. uv used to
     take 4.7.0 from its own default index, ignoring pip's configuration."""
     py = bare_venv(users_pip.tmp, "torch==2.9.1")
-    fs = fiset.read(users_pip.project)
-    lines = fiset.install_into(py, fs, installer)
+    fs = flashinfer_set.read(users_pip.project)
+    lines = flashinfer_set.install_into(py, fs, installer)
     got = has(py)
     assert got["flashinfer-python"] == "0.7.2" and got["nvidia-cutlass-dsl"] == "4.6.2", got
-    assert fiset.installed(py)["torch"] == "2.9.1"
+    assert flashinfer_set.installed(py)["torch"] == "2.9.1"
     out = capsys.readouterr()
     plan = [ln for ln in out.out.splitlines() if ln.startswith(("flashinfer: plan", "  + ", "  ~ ", "  - "))]
     assert plan[0].startswith(f"flashinfer: plan for {py} (pip's resolution with your pip configuration): 2 to add, 0 to change, "
@@ -311,11 +311,11 @@ def test_the_set_never_installs_torch_into_a_venv_without_one(users_pip, project
     installs it. uv used to install the newest torch from its own index (6.3 GB of CUDA 13)."""
     py = bare_venv(users_pip.tmp)
     with pytest.raises(SglpatchError) as e:
-        fiset.install_into(py, fiset.read(users_pip.project), "uv")
+        flashinfer_set.install_into(py, flashinfer_set.read(users_pip.project), "uv")
     msg = str(e.value)
     assert "\n" not in msg and msg.startswith(f"flashinfer: the set needs torch 2.9.1 and {py} has no torch: ")
     assert "never installs or upgrades torch" in msg and msg.endswith("nothing was installed")
-    assert "torch" not in fiset.installed(py) and "flashinfer-python" not in fiset.installed(py)
+    assert "torch" not in flashinfer_set.installed(py) and "flashinfer-python" not in flashinfer_set.installed(py)
     out = capsys.readouterr().out
     assert any(ln.startswith("  + torch==2.9.1 ") and ln.endswith("1.0 MiB") for ln in out.splitlines()), out
     # the CLI: the plan and the refusal come before the tree is built (project_copy: the same folder, now a whole project)
@@ -334,6 +334,6 @@ def test_a_set_that_needs_another_torch_is_refused_in_one_line(users_pip):
     (users_pip.tmp / "constraints.txt").write_text("nvidia-cutlass-dsl<4.7\n")  # torch free: the set wants >=2.10
     py = bare_venv(users_pip.tmp, "torch==2.9.1")
     with pytest.raises(SglpatchError) as e:
-        fiset.install_into(py, fiset.read(users_pip.project), "uv")
+        flashinfer_set.install_into(py, flashinfer_set.read(users_pip.project), "uv")
     assert str(e.value).startswith(f"flashinfer: the set needs torch 2.14.1 and {py} has torch 2.9.1: ")
-    assert fiset.installed(py)["torch"] == "2.9.1" and "flashinfer-python" not in fiset.installed(py)
+    assert flashinfer_set.installed(py)["torch"] == "2.9.1" and "flashinfer-python" not in flashinfer_set.installed(py)

@@ -22,8 +22,8 @@ PATCHES = ["0001-sm120-flashinfer-allreduce-fusion.patch", "0004-eagle-verify-pr
 @pytest.fixture(scope="module")
 def line_0523(tmp_path_factory):
     """A project pinned to the 0.5.23 wheel carrying the recorded 0.5.23 patches."""
-    from sglpatch import artifacts
-    from sglpatch.lock import Lock, write_lock
+    from sglpatch.upstream import artifacts
+    from sglpatch.upstream.pin import Lock, write_lock
 
     proj = tmp_path_factory.mktemp("l0523") / "project"
     (proj / "patches").mkdir(parents=True)
@@ -47,7 +47,7 @@ def _listing(d: Path) -> list[str]:
 
 
 def test_wheel_sourced_tree_installs_editable_with_the_wheels_metadata(line_0523, tmp_path):
-    from sglpatch import artifacts
+    from sglpatch.upstream import artifacts
 
     proj, wheel = line_0523
     env_dir = tmp_path / "scratch"

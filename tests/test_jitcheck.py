@@ -1,5 +1,5 @@
-"""The JIT build check on the box (sglpatch.jitcheck): `sglpatch apply --with-flashinfer`, `sglpatch
-doctor` and `python -m sglpatch.jitcheck` build, in the serving Python, the JIT kernels of its sglang
+"""The JIT build check on the box (sglpatch.pythonenv.jit_kernels): `sglpatch apply --with-flashinfer`, `sglpatch
+doctor` and `python -m sglpatch.pythonenv.jit_kernels` build, in the serving Python, the JIT kernels of its sglang
 that include flashinfer's headers, with real processes, real nvcc and real flashinfer headers.
 
 The serving Pythons are scratch venvs: each sees the 0.5.23 test venv's packages (torch,
@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT, SERIES, copy_project, cuda_home, git, sglpatch, venv_0523
-from sglpatch import fiset, jitcheck
+from sglpatch.pythonenv import flashinfer_set, jit_kernels
 from test_flashinfer_set import wheel
 
 pytestmark = pytest.mark.skipif(not shutil.which("nvcc"), reason="nvcc not found on PATH: the JIT kernels cannot be compiled here")
@@ -33,7 +33,7 @@ ROPE = "rope (sglang.jit_kernel.rope._jit_apply_rope_pos_ids_cos_sin_cache_modul
 FASTDIV = "fastdiv.cuh(39): error: qualified name is not allowed"
 # the sglpatch under test (a mutated copy under tests/mutants.py), for every tool process: the test
 # venv's editable install may point elsewhere; the serving Pythons never see it
-TOOL = {"PYTHONPATH": str(Path(jitcheck.__file__).resolve().parents[1])}
+TOOL = {"PYTHONPATH": str(Path(jit_kernels.__file__).resolve().parents[2])}
 
 
 def nvcc_release() -> str:
@@ -72,7 +72,7 @@ def serving(box: dict, name: str, workdir: Path) -> str:
     assert sysconfig.get_python_version() in site0523
     (Path(purelib) / "_serving.pth").write_text(f"{workdir / 'python'}\n{box['stub']}\n"
                                                 f"import site; site.addsitedir({site0523!r})\n")
-    uv = fiset.find_uv()
+    uv = flashinfer_set.find_uv()
     subprocess.run([uv, "pip", "install", "-q", "--python", py, "nvidia-cutlass-dsl==4.6.2", "quack-kernels==0.2.4"],
                    check=True, capture_output=True, env=box["env"])
     return py
@@ -94,7 +94,7 @@ def applied(box):
         res = sglpatch("apply", "--project", str(project), "--workdir", str(wd), "--source", "sdist", "--python", py,
                        "--with-flashinfer", env=dict(box["env"], **TOOL), timeout=900)
         out[name] = {"py": py, "wd": wd, "project": project, "res": res,
-                     "back": f"{fiset.find_uv()} pip install --python {py} quack-kernels==0.2.4"}
+                     "back": f"{flashinfer_set.find_uv()} pip install --python {py} quack-kernels==0.2.4"}
     return out
 
 
@@ -122,17 +122,17 @@ def test_apply_with_flashinfer_fails_in_one_line_without_p6_naming_kernel_cause_
                        f"nvcc {nvcc_release()}: {FASTDIV}; the way back: {a['back']}")
     # the way back it names puts the old set back
     subprocess.run(a["back"].split(), check=True, capture_output=True, env=box["env"])
-    assert fiset.installed(a["py"]).get("quack-kernels") == "0.2.4"
+    assert flashinfer_set.installed(a["py"]).get("quack-kernels") == "0.2.4"
 
 
 def jitcheck_cli(box: dict, py: str, *args: str) -> subprocess.CompletedProcess:
     env = dict(box["env"], **TOOL)
-    return subprocess.run([sys.executable, "-m", "sglpatch.jitcheck", "--python", py, *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "sglpatch.pythonenv.jit_kernels", "--python", py, *args], capture_output=True, text=True,
                           env=env, timeout=900, cwd=box["top"])
 
 
 def test_the_module_alone_pass_and_fail(applied, box):
-    """`python -m sglpatch.jitcheck`: exit 0 and the built line; exit 1 and the line naming the
+    """`python -m sglpatch.pythonenv.jit_kernels`: exit 0 and the built line; exit 1 and the line naming the
     kernel, nvcc's first error and the way back given; 125 without nvcc."""
     ok = jitcheck_cli(box, applied["series"]["py"], "--arch", "12.0")
     assert ok.returncode == 0 and ok.stdout.splitlines() == [
@@ -144,7 +144,7 @@ def test_the_module_alone_pass_and_fail(applied, box):
         "the way back: uv pip install flashinfer-python==0.6.3"], bad.stdout + bad.stderr
     env = dict(box["env"], **TOOL, PATH="/usr/bin:/bin")
     env.pop("CUDA_HOME")
-    none = subprocess.run([sys.executable, "-m", "sglpatch.jitcheck", "--python", applied["series"]["py"]], capture_output=True,
+    none = subprocess.run([sys.executable, "-m", "sglpatch.pythonenv.jit_kernels", "--python", applied["series"]["py"]], capture_output=True,
                           text=True, env=env, timeout=300)
     assert none.returncode == 125 and none.stdout.startswith("jit-kernels: not checked: no nvcc"), none.stdout + none.stderr
 
@@ -171,13 +171,14 @@ def test_doctor_shows_the_check_with_the_profiles_arch_and_the_recorded_way_back
 def test_the_failure_line_names_the_way_back_of_what_apply_touched(monkeypatch, tmp_path, new_venv):
     """apply --venv NEWDIR --with-flashinfer runs the check in the new venv: its failure names that venv
     (nothing of the serving Python was replaced); into --python it names the recorded way back."""
-    from sglpatch import fiset, jitcheck, stack_cli
+    from sglpatch.pythonenv import flashinfer_set, jit_kernels
+    from sglpatch.commands import apply as apply_cmd
     from sglpatch.errors import SglpatchError
 
-    monkeypatch.setattr(jitcheck, "run", lambda py: jitcheck.Verdict("fail", "rope does not build"))
-    monkeypatch.setattr(fiset, "recorded_way_back", lambda wd: "uv pip install flashinfer-python==0.6.3")
+    monkeypatch.setattr(jit_kernels, "run", lambda py: jit_kernels.Verdict("fail", "rope does not build"))
+    monkeypatch.setattr(flashinfer_set, "recorded_way_back", lambda wd: "uv pip install flashinfer-python==0.6.3")
     with pytest.raises(SglpatchError) as e:
-        stack_cli._jit_check("/v/bin/python", tmp_path, new_venv=new_venv)
+        apply_cmd._jit_check("/v/bin/python", tmp_path, new_venv=new_venv)
     back = "none needed, the new venv /v/bin/python is all it touched (delete it)" if new_venv else \
         "uv pip install flashinfer-python==0.6.3"
     assert str(e.value) == f"jit-kernels: rope does not build; the way back: {back}"

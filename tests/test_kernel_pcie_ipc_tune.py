@@ -24,7 +24,7 @@ from sglpatch.gpu import regress
 from sglpatch.gpu.kernel import launch as kernel_launch
 from sglpatch.gpu.kernel import pcie_tune
 from sglpatch.gpu.kernel.bench import ALL_BACKENDS, build_arg_parser
-from sglpatch.gpu.kernel.kbench.pcie_ipc import pcie_ipc_width
+from sglpatch.gpu.kernel.microbench.pcie_ipc import pcie_ipc_width
 from sglpatch.gpu.kernel.tier import stress_launch
 from sglpatch.gpu.shared import profile as profiles
 

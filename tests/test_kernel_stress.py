@@ -135,7 +135,7 @@ def test_cli_stress_without_n_takes_the_profile_default(tmp_path, monkeypatch, c
     monkeypatch.setenv("SGLPATCH_STANDIN_ARGV", str(argv_file))
     proj = cpu_project(tmp_path, "stress_iterations = 777\n", python=fake_python(tmp_path))
     rc = cli_main(["regress", "--tier", "kernel", "--profile", "c", "--project", str(proj),
-                   "--report", str(tmp_path / "r"), "--stress"])
+                   "--report-dir", str(tmp_path / "r"), "--stress"])
     argv = json.loads(argv_file.read_text())
     assert rc == 0, capsys.readouterr().out
     assert argv[argv.index("--stress") + 1] == "777" and argv[argv.index("--device") + 1] == "cpu"
@@ -143,7 +143,7 @@ def test_cli_stress_without_n_takes_the_profile_default(tmp_path, monkeypatch, c
     assert doc["command"].endswith("--stress") and doc["tiers"]["kernel"]["stress"]["iterations"] == 777
     assert "| symm_mem | graph (cuda_graph) | 777 / 777 | 0 | — |" in (tmp_path / "r" / "report.md").read_text()
     rc = cli_main(["regress", "--tier", "kernel", "--profile", "c", "--project", str(proj),
-                   "--report", str(tmp_path / "r2"), "--stress", "5"])
+                   "--report-dir", str(tmp_path / "r2"), "--stress", "5"])
     argv = json.loads(argv_file.read_text())
     assert rc == 0 and argv[argv.index("--stress") + 1] == "5"
     with pytest.raises(SystemExit):
@@ -155,7 +155,7 @@ def test_regress_sh_passes_stress_through(tmp_path):
     proj = cpu_project(tmp_path, "", python=fake_python(tmp_path))
     env = dict(os.environ, SGLPATCH_STANDIN_KB="record", SGLPATCH_STANDIN_ARGV=str(argv_file))
     r = subprocess.run(["bash", str(ROOT / "scripts" / "regress.sh"), "--tier", "kernel", "--profile", "c",
-                        "--project", str(proj), "--report", str(tmp_path / "r"), "--stress", "42"],
+                        "--project", str(proj), "--report-dir", str(tmp_path / "r"), "--stress", "42"],
                        capture_output=True, text=True, env=env, timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr
     argv = json.loads(argv_file.read_text())

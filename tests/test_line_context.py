@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT, copy_project, git, make_venv, sglpatch
-from sglpatch.lock import read_lock
+from sglpatch.upstream.pin import read_lock
 
 pytestmark = pytest.mark.slow
 LINE = "0.5.23"
@@ -157,7 +157,7 @@ def test_a_python_serving_another_release_is_refused_and_another_cpython_gets_it
     shim.write_text(shim.read_text().replace("cp39", "cp312"))
     res = _run(tmp_path, co, "apply", "--line", LINE, "--source", "sdist", "--python", str(shim), "--installer", "pip")
     assert res.returncode == 0, res.stderr[-3000:]
-    from sglpatch import pkgindex
+    from sglpatch.upstream import pkgindex
 
     art = pkgindex.wheel_for("sglang", LINE, "cp312")  # the index's own entry: the file taken is checked against its sha256
     assert art.filename == f"sglang-{LINE}-cp312-cp312-manylinux_2_34_x86_64.whl"
@@ -271,13 +271,13 @@ def test_line_makes_each_command_act_on_that_lines_tree_and_nothing_of_the_prima
 
 def test_source_auto_is_one_decision_of_the_context_for_every_command(tmp_path, co):
     """--source auto: apply and rebase each decided it their own way and check could not take it;
-    now the context decides it once per command by one rule (sglpatch.upstream.choose_source) and
+    now the context decides it once per command by one rule (sglpatch.upstream.materialize.choose_source) and
     says so once, for the line's own pin or a rebase's target."""
     import re
 
     src = ROOT / "src" / "sglpatch"
     deciding = {p.relative_to(src).as_posix() for p in src.rglob("*.py") if re.search(r"\b(choose_source|source_reachable)\(", p.read_text())}
-    assert deciding == {"context.py", "upstream.py"}, deciding
+    assert deciding == {"context.py", "upstream/materialize.py"}, deciding
     lock = co / "lines" / LINE / "upstream.lock"
     lock.write_text(lock.read_text().replace('url = "https://github.com/sgl-project/sglang"', 'url = "https://127.0.0.1:9/nowhere/sglang"'))
     res = _run(tmp_path, co, "check", "--line", LINE, "--source", "auto")

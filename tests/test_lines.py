@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT, git, make_venv, run_cli, sglpatch, sglpatch_inproc
-from sglpatch.lock import read_lock
+from sglpatch.upstream.pin import read_lock
 from sglpatch.series import read_series
 
 pytestmark = pytest.mark.slow

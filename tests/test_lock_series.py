@@ -6,7 +6,7 @@ import pytest
 
 from sglpatch.errors import SglpatchError
 from sglpatch.gitcmd import validate_ref, validate_url
-from sglpatch.lock import Lock, read_lock
+from sglpatch.upstream.pin import Lock, read_lock
 from sglpatch.series import Series, parse_patch, read_patch, read_series
 
 LOCK_TEXT = (

@@ -13,9 +13,11 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT
-from sglpatch import artifacts, rebase, stack, treecache
+from sglpatch.upstream import artifacts, treecache
+from sglpatch.rebase import outcome, classify
+from sglpatch.stack.export import export
 from sglpatch.gitcmd import Git
-from sglpatch.lock import read_lock
+from sglpatch.upstream.pin import read_lock
 
 CAR = "python/sglang/srt/distributed/device_communicators/custom_all_reduce.py"
 
@@ -51,16 +53,16 @@ def show(g: Git, commit: str, path: str) -> str:
     return g.run("show", f"{commit}:{path}", strip=False)
 
 
-def classify_one(g: Git, tmp: Path, old_base: str, old_commit: str, new_base: str) -> rebase.Outcome:
+def classify_one(g: Git, tmp: Path, old_base: str, old_commit: str, new_base: str) -> outcome.Outcome:
     """Run rebase's own classification on a one-patch project made of old_base..old_commit."""
     project = tmp / "project"
     (project / "patches").mkdir(parents=True)
     shutil.copy2(ROOT / "upstream.lock", project / "upstream.lock")
-    (project / "patches" / "0001-probe.patch").write_bytes(stack.format_patch(g, old_commit))
+    (project / "patches" / "0001-probe.patch").write_bytes(export.format_patch(g, old_commit))
     (project / "series").write_text("0001-probe.patch\n")
     (project / "CHANGELOG.md").write_text("# Changelog\n")
     lock = read_lock(ROOT)
-    (out,) = rebase.classify(g, project, old_base, [old_commit], lock, new_base, "sdist")
+    (out,) = classify.classify(g, project, old_base, [old_commit], lock, new_base, "sdist")
     return out
 
 

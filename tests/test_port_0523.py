@@ -48,11 +48,11 @@ def rebase_sh(workdir: Path, project: Path, *args: str):
 @pytest.fixture(scope="module")
 def base_059(tmp_path_factory):
     """The committed series applied on 0.5.9 (project copy + workdir), to be copied per test."""
-    from sglpatch import stack
+    from sglpatch.stack import build
 
     top = tmp_path_factory.mktemp("p0523")
     project = copy_project(top / "project")
-    stack.apply(project, top / "wd", source="sdist")
+    build.apply(project, top / "wd", source="sdist")
     return project, top / "wd"
 
 
@@ -73,7 +73,7 @@ def rebased(base_059, tmp_path_factory):
 
 
 def test_replay_is_unattended_and_the_result_checks(rebased):
-    from sglpatch import stack
+    from sglpatch.stack.status import status
     from sglpatch.series import read_series
 
     project, workdir, res = rebased
@@ -94,7 +94,7 @@ def test_replay_is_unattended_and_the_result_checks(rebased):
     assert re.sub(dated, "\n", (line / "CHANGELOG.md").read_text()) == re.sub(dated, "\n", (committed / "CHANGELOG.md").read_text())
     log = (line / "CHANGELOG.md").read_text()
     assert "superseded by upstream's FlashInfer PCIe-IPC allreduce" in log and "pull/19689" in log
-    assert stack.check(line, workdir) == []
+    assert status.check(line, workdir) == []
     check = sglpatch("check", "--project", str(line), "--workdir", str(workdir))
     assert check.returncode == 0, check.stdout + check.stderr
 
@@ -190,7 +190,7 @@ def test_every_mutant_applies_to_the_current_series(tree, base_059):
 
 def test_venv_dry_run_reads_the_pins_from_the_locked_wheel(rebased, tmp_path):
     """`apply --line 0.5.23 --venv --dry-run` on the replay's 0.5.23 line: no --release-artifact; the
-    release's Requires-Dist come from the locked wheel (index-verified, sglpatch.artifacts)."""
+    release's Requires-Dist come from the locked wheel (index-verified, sglpatch.upstream.artifacts)."""
     import os
     import shutil
 

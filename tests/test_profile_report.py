@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from conftest import sglpatch
-from sglpatch import verify_profile as pr
+from sglpatch.gpu import profile_report as pr
 from sglpatch.errors import SglpatchError
 
 

@@ -21,7 +21,9 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT, copy_project, git, sglpatch
-from sglpatch import stack
+from sglpatch.stack import build
+from sglpatch.stack.export import export
+from sglpatch.stack.status import status
 from sglpatch.series import read_series
 
 TARGET = "0.5.10.post1"
@@ -63,7 +65,7 @@ def author_patch(author: Path, path: str, edit, subject: str, desc: str, extra: 
     f.write_text(edit(f.read_text()))
     msg = f"{subject}\n\n" + HEADER.format(desc=desc, extra=extra)
     git(author, "commit", "-q", "-a", "-m", msg)
-    data = stack.format_patch(stack.Git(author), "HEAD")
+    data = export.format_patch(build.Git(author), "HEAD")
     git(author, "reset", "-q", "--hard", "HEAD~1")
     return data
 
@@ -92,7 +94,7 @@ def synth(tmp_path_factory, sdist_059, sdist_0510):
     shutil.copy2(ROOT / "resolutions" / TARGET / "target.toml", project / "resolutions" / TARGET / "target.toml")
     (project / "CHANGELOG.md").write_text("# Changelog\n\nTest project.\n\n## 0.1.0\n- started\n")
     workdir = top / "workdir"
-    stack.apply(project, workdir)  # empty series: just the 0.5.9 upstream
+    build.apply(project, workdir)  # empty series: just the 0.5.9 upstream
     author = top / "author"
     git(top, "clone", "-q", "--branch", "upstream", str(workdir), str(author))
     git(author, "config", "user.name", "Test Author")
@@ -128,9 +130,9 @@ def synth(tmp_path_factory, sdist_059, sdist_0510):
     for name, data in patches.items():
         (project / "patches" / name).write_bytes(data)
     (project / "series").write_text("# synthetic series for the rebase tests\n" + "\n".join(patches) + "\n")
-    stack.apply(project, workdir)
-    stack.update_blobs(project, workdir)
-    assert stack.apply(project, workdir).changed is False
+    build.apply(project, workdir)
+    status.update_blobs(project, workdir)
+    assert build.apply(project, workdir).changed is False
     return project, workdir
 
 
@@ -228,14 +230,14 @@ def test_continue_after_scripted_resolution_then_replay_is_unattended(synth_copy
     rec = project / "resolutions" / TARGET
     assert (rec / "0002-custom-ar-gate.patch").is_file() and "replace" in (rec / "resolutions.toml").read_text()
     # the hand resolution is keyed by the conflict it resolves (rerere-like), the key the lookup computes
-    from sglpatch import rebase
+    from sglpatch.rebase import resolutions, classify
 
-    recorded = rebase.read_resolutions(project, TARGET)[0]["0002-custom-ar-gate.patch"]
-    stopped = next(o for o in rebase.dry_run(pristine, pristine_wd, TARGET).outcomes if o.name == "0002-custom-ar-gate.patch")
+    recorded = resolutions.read_resolutions(project, TARGET)[0]["0002-custom-ar-gate.patch"]
+    stopped = next(o for o in classify.dry_run(pristine, pristine_wd, TARGET).outcomes if o.name == "0002-custom-ar-gate.patch")
     assert stopped.status == "conflict" and len(stopped.conflict) == 64 and recorded.conflict == stopped.conflict
     # the workdir is the new stack, in sync, and the export is a no-op
     assert git(workdir, "rev-parse", "--abbrev-ref", "HEAD") == "patched"
-    assert "in sync" in "\n".join(stack.status(project, workdir))
+    assert "in sync" in "\n".join(status.status(project, workdir))
     assert "# ported gate (test)" in (workdir / GATE).read_text()
     # replay: the recorded resolution makes the same rebase unattended from the old project
     shutil.copytree(rec, pristine / "resolutions" / TARGET, dirs_exist_ok=True)
@@ -248,15 +250,15 @@ def test_continue_after_scripted_resolution_then_replay_is_unattended(synth_copy
 
 
 def test_recorded_resolution_for_another_patch_version_is_not_used(synth_copy):
-    from sglpatch import rebase
+    from sglpatch.rebase import resolutions, classify, outcome
 
     project, workdir = synth_copy
-    rec = rebase.Recorded("drop", "test", "0" * 64)
-    rebase.write_resolutions(project, TARGET, {"0002-custom-ar-gate.patch": rec})
-    res = rebase.dry_run(project, workdir, TARGET)
+    rec = resolutions.Recorded("drop", "test", "0" * 64)
+    resolutions.write_resolutions(project, TARGET, {"0002-custom-ar-gate.patch": rec})
+    res = classify.dry_run(project, workdir, TARGET)
     gate = next(o for o in res.outcomes if o.name == "0002-custom-ar-gate.patch")
     assert gate.action == "stop" and "another version of this patch" in gate.note
-    assert res.exit_code == rebase.EXIT_HUMAN
+    assert res.exit_code == outcome.EXIT_HUMAN
 
 
 def test_upstream_detection_is_behavioural_not_textual(synth):
@@ -273,11 +275,11 @@ def test_upstream_detection_is_behavioural_not_textual(synth):
         sg = Git(tmp)
         sg.run("init", "-q", "--bare")
         (Path(tmp) / "objects" / "info" / "alternates").write_text(str(workdir / ".git" / "objects") + "\n")
-        from sglpatch import upstream as up
+        from sglpatch.upstream import materialize as up
         from conftest import lock_0510
 
         onto = up.build_from_sdist(sg, lock_0510())
-        patch = stack.parse_patch(P3, stack.format_patch(g, p3))
+        patch = build.parse_patch(P3, export.format_patch(g, p3))
         ok, why = upstreamed._definitions_present(sg, onto, p3_parent, p3, patch)
         assert ok, why
         # same names, different behaviour: returns the head only -> not upstream
@@ -346,7 +348,7 @@ def test_real_full_rebase_is_unattended(patched_tree, tmp_path):
     log = (line / "CHANGELOG.md").read_text()
     assert "pull/19689" in log and "recorded resolution" in log
     assert (project / "rebase-reports" / "0.5.9..0.5.10.post1" / "report.md").is_file()
-    assert stack.check(line, workdir) == []  # the rebased series applies exactly to its new pin
+    assert status.check(line, workdir) == []  # the rebased series applies exactly to its new pin
     st = sglpatch("status", "--workdir", str(workdir), "--project", str(project))
     assert st.returncode == 0 and "line:     0.5.10.post1, from lines/0.5.10.post1/" in st.stdout, st.stdout + st.stderr
     # the patch tests of issue 3 on the 0.5.10.post1 tree (conftest honours SGLPATCH_PATCHED_TREE)

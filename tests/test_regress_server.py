@@ -354,6 +354,6 @@ def test_cli_modes_and_parity_with_usage_errors_are_one_line(capsys, tmp_path):
 
     base = ["regress", "--tier", "server", "--profile", "rtx6000x8-kimi-k25", "--project", str(ROOT)]
     for extra, msg in ((["--modes", "nope"], "unknown mode"), (["--parity-with", str(tmp_path)], "no report.json")):
-        rc = cli_main([*base, "--report", str(tmp_path / "r"), *extra])
+        rc = cli_main([*base, "--report-dir", str(tmp_path / "r"), *extra])
         err = capsys.readouterr().err.strip()
         assert rc == 2 and err.startswith("sglpatch: error:") and msg in err and "\n" not in err

@@ -306,7 +306,7 @@ def test_rebase_dry_run_onto_a_wheel_only_release_names_the_wheel(tool, home, tm
 
 
 def test_rebase_onto_a_release_that_does_not_exist_names_the_nearest(tool, home, tmp_path):
-    from sglpatch import pkgindex
+    from sglpatch.upstream import pkgindex
 
     proc = run_fresh(["bash", SCRIPTS / "rebase.sh", "--onto", "0.5.99", "--dry-run", "--workdir", tmp_path / "none"], home, tool.venv)
     assert proc.returncode == exitcodes.USAGE, proc.stdout + proc.stderr

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from conftest import copy_project, git, sglpatch_inproc
-from sglpatch import stack
+from sglpatch.stack import build, export, status
 from sglpatch.errors import SglpatchError
-from sglpatch.lock import read_lock, write_lock
+from sglpatch.upstream.pin import read_lock, write_lock
 from sglpatch.series import read_patch, read_series
 
 
@@ -28,7 +28,7 @@ def refs(wd: Path) -> str:
 @pytest.fixture
 def applied(project_copy, tmp_path):
     wd = tmp_path / "fork"
-    stack.apply(project_copy, wd, source="sdist")
+    build.apply(project_copy, wd, source="sdist")
     return project_copy, wd
 
 
@@ -45,19 +45,19 @@ def test_apply_one_commit_per_patch_in_order(applied):
 def test_apply_is_deterministic_across_workdirs(applied, tmp_path):
     project, wd = applied
     wd2 = tmp_path / "fork2"
-    stack.apply(project, wd2, source="sdist")
+    build.apply(project, wd2, source="sdist")
     assert git(wd, "rev-parse", "patched") == git(wd2, "rev-parse", "patched")
 
 
 def test_second_apply_makes_no_commit_and_export_is_byte_noop(applied):
     project, wd = applied
     before_refs = refs(wd)
-    res = stack.apply(project, wd, source="sdist")
+    res = build.apply(project, wd, source="sdist")
     assert not res.changed
     assert refs(wd) == before_refs
     before = snapshot(project)
     mtimes = {p: (project / p).stat().st_mtime_ns for p in before}
-    out = stack.export(project, wd)
+    out = export.export(project, wd)
     assert out.written == [] and out.removed == [] and not out.series_changed
     assert snapshot(project) == before
     assert {p: (project / p).stat().st_mtime_ns for p in before} == mtimes
@@ -66,8 +66,8 @@ def test_second_apply_makes_no_commit_and_export_is_byte_noop(applied):
 def test_committed_series_export_is_noop(project_root, tmp_path):
     """The CI gate: apply + export of the committed series changes no byte."""
     project = copy_project(tmp_path / "p")
-    stack.apply(project, tmp_path / "fork", source="sdist")
-    stack.export(project, tmp_path / "fork")
+    build.apply(project, tmp_path / "fork", source="sdist")
+    export.export(project, tmp_path / "fork")
     exported = {k: v for k, v in snapshot(project).items() if k.split("/")[0] in ("series", "upstream.lock", "patches")}
     committed = {k: v for k, v in snapshot(project_root).items() if k.split("/")[0] in ("series", "upstream.lock", "patches")}
     assert exported == committed
@@ -130,13 +130,13 @@ def test_uncommitted_edit_survives_every_command(applied):
     edited = target.read_bytes() + b"\n# my local experiment\n"
     target.write_bytes(edited)
     with pytest.raises(SglpatchError) as e:
-        stack.apply(project, wd, source="sdist")
+        build.apply(project, wd, source="sdist")
     assert "uncommitted" in str(e.value) and "\n" not in str(e.value)
     with pytest.raises(SglpatchError):
-        stack.apply(project, wd, source="sdist", force=True)
-    stack.export(project, wd)
-    stack.status(project, wd)
-    stack.check(project, wd)
+        build.apply(project, wd, source="sdist", force=True)
+    export.export(project, wd)
+    status.status(project, wd)
+    status.check(project, wd)
     assert target.read_bytes() == edited
 
 
@@ -148,15 +148,15 @@ def test_unexported_commit_refused_then_exported(applied):
         "server_args: note\n\nDescription: a note\nOrigin: vendor\nForwarded: no\nLast-Update: 2026-11-30")
     head = git(wd, "rev-parse", "patched")
     with pytest.raises(SglpatchError) as e:
-        stack.apply(project, wd, source="sdist")
+        build.apply(project, wd, source="sdist")
     assert "sglpatch export" in str(e.value)
     assert git(wd, "rev-parse", "patched") == head
     n = len(read_series(project).entries)
-    res = stack.export(project, wd)
+    res = export.export(project, wd)
     series = read_series(project)
     assert len(series.entries) == n + 1 and res.series_changed
     assert series.entries[-1].name == f"{n + 1:04d}-server_args-note.patch"
-    again = stack.apply(project, wd, source="sdist")
+    again = build.apply(project, wd, source="sdist")
     assert not again.changed and git(wd, "rev-parse", "patched") == head
 
 
@@ -164,7 +164,7 @@ def test_force_rebuild_keeps_backup(applied):
     project, wd = applied
     git(wd, "-c", "user.name=Dev", "-c", "user.email=dev@x", "commit", "-q", "--allow-empty", "-m", "wip")
     head = git(wd, "rev-parse", "patched")
-    stack.apply(project, wd, source="sdist", force=True)
+    build.apply(project, wd, source="sdist", force=True)
     assert git(wd, "rev-parse", "patched") != head
     assert head in git(wd, "for-each-ref", "--format=%(objectname)", "refs/sglpatch/backup/")
 
@@ -176,7 +176,7 @@ def test_series_change_rebuilds(applied):
     last = [i for i, line in enumerate(lines) if line.strip() and not line.startswith("#")][-1]
     series_path.write_text("\n".join(lines[:last] + lines[last + 1 :]) + "\n")
     n = len(read_series(project).entries)
-    res = stack.apply(project, wd, source="sdist")
+    res = build.apply(project, wd, source="sdist")
     assert res.changed
     assert len(git(wd, "rev-list", "upstream..patched").splitlines()) == n
 
@@ -192,7 +192,7 @@ def test_offset_is_an_error_naming_patch_file_and_hunk(project_copy, tmp_path):
     shifted = header.replace(f"-{old_start}", f"-{old_start + 3}", 1)
     path.write_text(text[:first] + shifted + text[header_end:])
     with pytest.raises(SglpatchError) as e:
-        stack.apply(project_copy, tmp_path / "fork", source="sdist")
+        build.apply(project_copy, tmp_path / "fork", source="sdist")
     msg = str(e.value)
     assert entry.name in msg and "hunk #1" in msg and "offset of -3 lines" in msg and "python/" in msg
 
@@ -203,7 +203,7 @@ def test_lock_blob_mismatch_is_named(project_copy, tmp_path):
     lock.blobs[path] = "0" * 40
     write_lock(project_copy, lock)
     with pytest.raises(SglpatchError) as e:
-        stack.apply(project_copy, tmp_path / "fork", source="sdist")
+        build.apply(project_copy, tmp_path / "fork", source="sdist")
     assert f"blobs.{path!r}" in str(e.value)
 
 
@@ -215,7 +215,7 @@ def test_sdist_sha256_mismatch_is_named(project_copy, tmp_path, monkeypatch, sdi
     lock.sdist_sha256 = "ab" * 32
     write_lock(project_copy, lock)
     with pytest.raises(SglpatchError) as e:
-        stack.apply(project_copy, tmp_path / "fork", source="sdist")
+        build.apply(project_copy, tmp_path / "fork", source="sdist")
     assert "sdist.sha256" in str(e.value)
 
 
@@ -230,14 +230,14 @@ def test_git_source_from_file_url_matches_sdist_tree(applied, tmp_path):
     lock.commit = sha
     write_lock(project, lock)
     wd2 = tmp_path / "fork-git"
-    stack.apply(project, wd2, source="git")
+    build.apply(project, wd2, source="git")
     assert git(wd2, "rev-parse", "upstream") == sha
     assert git(wd2, "rev-parse", "patched^{tree}") == git(wd, "rev-parse", "patched^{tree}")
     # a tag that moved away from the locked commit is refused
     lock.commit = "f" * 40
     write_lock(project, lock)
     with pytest.raises(SglpatchError) as e:
-        stack.apply(project, tmp_path / "fork-git2", source="git")
+        build.apply(project, tmp_path / "fork-git2", source="git")
     assert "upstream.commit" in str(e.value)
 
 
@@ -247,7 +247,7 @@ def test_second_apply_while_one_runs_is_refused(applied):
     fcntl.flock(fd, fcntl.LOCK_EX)
     try:
         with pytest.raises(SglpatchError) as e:
-            stack.apply(project, wd, source="sdist")
+            build.apply(project, wd, source="sdist")
         assert "another sglpatch" in str(e.value)
     finally:
         os.close(fd)
@@ -258,14 +258,14 @@ def test_foreign_directories_are_refused(project_copy, tmp_path):
     foreign.mkdir()
     (foreign / "notes.txt").write_text("mine")
     with pytest.raises(SglpatchError) as e:
-        stack.apply(project_copy, foreign, source="sdist")
+        build.apply(project_copy, foreign, source="sdist")
     assert "not a git repository made by sglpatch" in str(e.value)
     repo = tmp_path / "repo"
     repo.mkdir()
     git(repo, "init", "-q")
     (repo / "x").write_text("x")
     with pytest.raises(SglpatchError):
-        stack.apply(project_copy, repo, source="sdist")
+        build.apply(project_copy, repo, source="sdist")
     assert (foreign / "notes.txt").read_text() == "mine"
 
 
@@ -273,7 +273,7 @@ def test_detached_head_refused(applied):
     project, wd = applied
     git(wd, "checkout", "-q", "--detach", "patched~1")
     with pytest.raises(SglpatchError) as e:
-        stack.apply(project, wd, source="sdist")
+        build.apply(project, wd, source="sdist")
     assert "detached" in str(e.value)
 
 

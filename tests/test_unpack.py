@@ -1,5 +1,5 @@
-"""An sdist's tree id worked out from the tarball (sglpatch.unpack) and the workdir fetching that
-tree from the tree cache instead of extracting the sdist (sglpatch.treecache.lend), on the real
+"""An sdist's tree id worked out from the tarball (sglpatch.upstream.unpack) and the workdir fetching that
+tree from the tree cache instead of extracting the sdist (sglpatch.upstream.treecache.lend), on the real
 0.5.9 and 0.5.10.post1 sdists with real git: the same commit as an extraction, and a cache that
 lies (another tree bound to the sdist, an object whose content is not its id) changes nothing."""
 
@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT, git, lock_0510, loosen
-from sglpatch import treecache, unpack
-from sglpatch import upstream as up
+from sglpatch.upstream import treecache, unpack
+from sglpatch.upstream import materialize as up
 from sglpatch.errors import SglpatchError
 from sglpatch.gitcmd import Git
-from sglpatch.lock import read_lock
+from sglpatch.upstream.pin import read_lock
 
 P2_FILE = "python/sglang/srt/distributed/device_communicators/custom_all_reduce.py"
 
@@ -193,12 +193,13 @@ def test_sdist_facts_read_from_the_head_of_the_real_sdists(sdist_059, sdist_0510
     """recorded_commit, metadata and release_metadata read only as far as their file: still the real
     sdists' answers (0.5.9's _version.py is its 14th member, past any short cut; 0.5.10.post1
     records no commit)."""
-    from sglpatch import artifacts, newvenv
+    from sglpatch.upstream import artifacts
+    from sglpatch.pythonenv import new_venv
 
     assert artifacts.recorded_commit(sdist_059) == read_lock(ROOT).commit == "bbe9c7eeb"
     assert artifacts.recorded_commit(sdist_0510) == ""
     assert [artifacts.metadata(p)["Version"] for p in (sdist_059, sdist_0510)] == ["0.5.9", "0.5.10.post1"]
-    name, version, reqs = newvenv.release_metadata(sdist_059)
+    name, version, reqs = new_venv.release_metadata(sdist_059)
     assert (name, version) == ("sglang", "0.5.9") and any(r.startswith("torch") for r in reqs)
 
 
@@ -210,7 +211,7 @@ def test_the_tree_id_is_the_same_read_from_memory_or_from_the_file(sdist_059, mo
 
 @pytest.mark.parametrize("damage", ["junk", "cut"])
 def test_an_sdist_that_is_no_gzipped_tar_is_one_line(tmp_path, sdist_059, damage):
-    from sglpatch import artifacts
+    from sglpatch.upstream import artifacts
 
     bad = tmp_path / sdist_059.name
     data = sdist_059.read_bytes()

@@ -16,10 +16,13 @@ import uuid
 import pytest
 
 from conftest import ROOT, SERIES, copy_project, sglpatch
-from sglpatch import artifacts, pkgindex, rebase, series, treecache, watch
-from sglpatch import upstream as up
+from sglpatch.upstream import artifacts, pkgindex, treecache
+from sglpatch import series
+from sglpatch.watch import matrix
+from sglpatch.rebase import resolutions, classify
+from sglpatch.upstream import materialize as up
 from sglpatch.gitcmd import Git
-from sglpatch.lock import UNKNOWN_COMMIT, Lock
+from sglpatch.upstream.pin import UNKNOWN_COMMIT, Lock
 from sglpatch.project import Project
 from sglpatch.rebase import target
 from sglpatch.watch import supersede
@@ -110,19 +113,19 @@ def test_dry_run_onto_0510_needs_no_commit(tmp_path):
 
 def test_supersession_holds_only_with_the_dependency(trees):
     cg, newest, path = trees[NEWEST]
-    r = supersede.probe(cg, newest, p2(), watch.dep_pins(path, NEWEST))
+    r = supersede.probe(cg, newest, p2(), matrix.dep_pins(path, NEWEST))
     assert r.holds, r
     assert "PcieIpcCommunicator" in r.evidence and "flashinfer-python 0.7.2 ships PcieIpcAllReduceWorkspace" in r.evidence
     assert "SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=1" in r.switch
     # 0.5.21 has upstream's file, symbol and env switch, but pins flashinfer-python 0.6.18
     cg, wheel, path = trees[WHEEL]
-    deps = watch.dep_pins(path, WHEEL)
+    deps = matrix.dep_pins(path, WHEEL)
     assert deps["flashinfer-python"] == "==0.6.18"
     r = supersede.probe(cg, wheel, p2(), deps)
     assert not r.holds and "0.6.18 has no PcieIpcAllReduceWorkspace" in r.evidence and "dependency missing" in r.evidence
     # 0.5.10: upstream has no replacement: nothing to say
     cg, old, path = trees[SDIST]
-    r = supersede.probe(cg, old, p2(), watch.dep_pins(path, SDIST))
+    r = supersede.probe(cg, old, p2(), matrix.dep_pins(path, SDIST))
     assert not r.holds and r.evidence == ""
 
 
@@ -130,14 +133,14 @@ def test_p5_is_superseded_on_0_5_23_by_its_probe_not_on_0_5_21(trees):
     """P5 backports upstream's PCIe-IPC allreduce to 0.5.9: its X-Superseded-By holds where
     upstream's adapter and a flashinfer with the workspace are both there, and only there."""
     cg, newest, path = trees[NEWEST]
-    r = supersede.probe(cg, newest, p5(), watch.dep_pins(path, NEWEST))
+    r = supersede.probe(cg, newest, p5(), matrix.dep_pins(path, NEWEST))
     assert r.holds and "PcieIpcCommunicator" in r.evidence and "flashinfer-python 0.7.2 ships PcieIpcAllReduceWorkspace" in r.evidence
     assert r.switch == "use SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=1 (same switch upstream)"
     cg, wheel, path = trees[WHEEL]
-    r = supersede.probe(cg, wheel, p5(), watch.dep_pins(path, WHEEL))
+    r = supersede.probe(cg, wheel, p5(), matrix.dep_pins(path, WHEEL))
     assert not r.holds and "0.6.18 has no PcieIpcAllReduceWorkspace" in r.evidence and "dependency missing" in r.evidence
     cg, old, path = trees[SDIST]
-    assert supersede.probe(cg, old, p5(), watch.dep_pins(path, SDIST)).evidence == ""
+    assert supersede.probe(cg, old, p5(), matrix.dep_pins(path, SDIST)).evidence == ""
 
 
 def test_p6_is_superseded_on_0_5_23_where_sglangs_own_rope_kernel_needs_no_flashinfer_header(trees):
@@ -146,34 +149,34 @@ def test_p6_is_superseded_on_0_5_23_where_sglangs_own_rope_kernel_needs_no_flash
     nothing to switch on. Not on 0.5.10, whose rope.py lives elsewhere (a recorded drop there)."""
     p6 = series.parse_patch(P6, (ROOT / "patches" / P6).read_bytes())
     cg, newest, path = trees[NEWEST]
-    r = supersede.probe(cg, newest, p6, watch.dep_pins(path, NEWEST))
+    r = supersede.probe(cg, newest, p6, matrix.dep_pins(path, NEWEST))
     assert r.holds and r.switch == "" and r.evidence.endswith("rope.py, _jit_fused_rope_module"), r
     cuh = cg.blob_text(newest, "python/sglang/kernels/jit/csrc/elementwise/rope.cuh")
     assert cuh and "#include <flashinfer/" not in cuh and "FusedRopeKernel" in cuh
     assert cg.blob_text(newest, "python/sglang/jit_kernel/rope.py") is None  # the file P6 changes is gone
     cg, old, path = trees[SDIST]
-    assert supersede.probe(cg, old, p6, watch.dep_pins(path, SDIST)).evidence == ""
+    assert supersede.probe(cg, old, p6, matrix.dep_pins(path, SDIST)).evidence == ""
 
 
 def test_recorded_resolution_reused_for_same_conflict_refused_for_another(trees, tmp_path):
     """The committed 0.5.10.post1 record of P2 is keyed by its conflict (sglpatch rebase
     --continue, scripts/rerecord.sh); 0.5.10 shows the same conflict: offered, merge-checked,
     used; the newest shows another: refused."""
-    recs = rebase.read_resolutions(ROOT, "0.5.10.post1")[0]
+    recs = resolutions.read_resolutions(ROOT, "0.5.10.post1")[0]
     assert all(len(r.conflict) == 64 for r in recs.values()), recs  # every committed record is keyed
     project = copy_project(tmp_path / "project")
     shutil.rmtree(project / "resolutions" / NEWEST)  # the newest's own records (issue 12) would answer first
-    res = watch.run(project, SDIST)
+    res = matrix.run(project, SDIST)
     cell = res["rows"][0]["cells"][P2]
     assert cell["status"] == "recorded" and cell["text"] == "resolved (recorded for 0.5.10.post1)", cell
     # without the key (a record made for other patch bytes), the same conflict is not enough
     recs[P2].conflict, recs[P2].patch_sha256 = "", "0" * 64
-    rebase.write_resolutions(project, "0.5.10.post1", recs)
-    cell = watch.run(project, SDIST)["rows"][0]["cells"][P2]
+    resolutions.write_resolutions(project, "0.5.10.post1", recs)
+    cell = matrix.run(project, SDIST)["rows"][0]["cells"][P2]
     assert cell["status"] == "conflict" and cell["needs_human"], cell
     # on the newest release P2 conflicts differently: the keyed recording is refused there
-    rebase.write_resolutions(project, "0.5.10.post1", rebase.read_resolutions(ROOT, "0.5.10.post1")[0])
-    res = watch.run(project, NEWEST)
+    resolutions.write_resolutions(project, "0.5.10.post1", resolutions.read_resolutions(ROOT, "0.5.10.post1")[0])
+    res = matrix.run(project, NEWEST)
     cell = res["rows"][0]["cells"][P2]
     assert cell["status"] == "superseded"  # the probe holds on the newest release
     assert any("the recorded resolution for 0.5.10.post1 is for another conflict: not used" in d for d in cell["details"]), cell
@@ -209,16 +212,16 @@ def test_watch_cli_matrix_json_markdown(trees, tmp_path):
 def test_second_run_reuses_the_classification_recheck_and_new_inputs_redo_it(trees, tmp_path, monkeypatch):
     project = copy_project(tmp_path / "project")
     spec = SDIST
-    first = watch.run(project, spec, recheck=True)
+    first = matrix.run(project, spec, recheck=True)
     calls = []
-    real = rebase.classify
-    monkeypatch.setattr(rebase, "classify", lambda *a, **k: calls.append(1) or real(*a, **k))
-    assert watch.run(project, spec)["rows"] == first["rows"] and calls == []  # same inputs, same tree: reused
-    assert watch.run(project, spec, recheck=True)["rows"] == first["rows"] and calls == [1]
+    real = classify.classify
+    monkeypatch.setattr(classify, "classify", lambda *a, **k: calls.append(1) or real(*a, **k))
+    assert matrix.run(project, spec)["rows"] == first["rows"] and calls == []  # same inputs, same tree: reused
+    assert matrix.run(project, spec, recheck=True)["rows"] == first["rows"] and calls == [1]
     toml = project / "resolutions" / "0.5.10.post1" / "resolutions.toml"
     # another input, never seen before (the facts cache outlives test runs: a fixed text would be)
     toml.write_text(toml.read_text() + f"\n# another resolution file: another input {uuid.uuid4()}\n")
-    assert watch.run(project, spec)["rows"] == first["rows"] and calls == [1, 1]
+    assert matrix.run(project, spec)["rows"] == first["rows"] and calls == [1, 1]
 
 
 def test_dry_run_takes_the_tree_from_the_cache(trees, tmp_path):
@@ -401,7 +404,7 @@ def test_watch_shows_the_newest_dependency_releases_and_what_they_change(trees, 
     assert res.returncode == 0, res.stdout + res.stderr
     data = json.loads((tmp_path / "w.json").read_text())
     newest = data["newest_deps"]
-    assert set(newest) == set(watch.DEPS) and newest["sglang-kernel"] == pkgindex.releases("sglang-kernel")[-1]
+    assert set(newest) == set(matrix.DEPS) and newest["sglang-kernel"] == pkgindex.releases("sglang-kernel")[-1]
     assert any(line.startswith("  newest ") and f"flashinfer {newest['flashinfer-python']}" in line for line in res.stdout.splitlines())
     (fi,) = [n for n in data["newer"] if n["dist"] == "flashinfer-python"]
     assert fi["pin"] == "==0.7.2" and fi["release"] == NEWEST and fi["newest"] == newest["flashinfer-python"] != "0.7.2"

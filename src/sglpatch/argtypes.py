@@ -1,9 +1,11 @@
-"""argparse value types every command may use. Standard library only: the GPU suite's commands
-(profile-report) use them too, on a box without the series side's dependencies."""
+"""argparse pieces every command may use: value types, and old option spellings kept as aliases
+that warn once. Standard library only: the GPU suite's commands (doctor, regress, profile-report)
+use them too, on a box without the series side's dependencies."""
 
 from __future__ import annotations
 
 import argparse
+import sys
 
 
 def positive(text: str) -> float:
@@ -15,3 +17,25 @@ def positive(text: str) -> float:
     if not (value > 0 and value != float("inf")):
         raise argparse.ArgumentTypeError(f"{text!r} must be a positive number")
     return value
+
+
+_warned: set[str] = set()
+
+
+class _Deprecated(argparse.Action):
+    """An old spelling: stores into the new option's dest and warns once per process."""
+
+    def __init__(self, option_strings, dest, new: str, **kw):
+        self.new = new
+        super().__init__(option_strings, dest, **kw)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        if option_string not in _warned:
+            _warned.add(option_string)
+            print(f"sglpatch: warning: {option_string} is an old spelling of {self.new}; it still works, and will be removed", file=sys.stderr)
+        setattr(namespace, self.dest, self.const if self.nargs == 0 else values)
+
+
+def deprecated(p: argparse.ArgumentParser, old: str, new: str, dest: str, **kw) -> None:
+    """old as a hidden alias of new (same dest), warning once when used."""
+    p.add_argument(old, action=_Deprecated, new=new, dest=dest, help=argparse.SUPPRESS, **kw)

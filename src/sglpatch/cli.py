@@ -1,14 +1,14 @@
-"""Command line: the parser assembled from each command's module, and main (the one-line errors
-and exit codes). Each command's arguments and run function live next to its work: stack_cli
-(apply, export, status, check, lock), bisect_cli, rebase_cli, watch_cli, and in the GPU suite
-verify_profile (P4's report), sglpatch.gpu: regress, doctor; cliargs holds what they share."""
+"""Command line: the one table of commands (COMMANDS, one module of sglpatch.commands each, grouped
+as --help shows them), the parser assembled from it, and main (the one-line errors and exit
+codes). The options the commands share are sglpatch.cliargs' vocabulary."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
-from sglpatch import __version__, bisect_cli, exitcodes, lines_cli, rebase_cli, stack_cli, watch_cli
+from sglpatch import __version__, exitcodes
+from sglpatch.commands import apply, bisect, check, doctor, export, lines, lock, profile_report, rebase, regress, status, watch
 from sglpatch.errors import SglpatchError
 
 DESCRIPTION = """\
@@ -37,78 +37,46 @@ class _Help(argparse.HelpFormatter):
         return text
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="sglpatch", description=DESCRIPTION, epilog=exitcodes.epilog(),
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+COMMANDS = (  # the one table: --help's groups, in order
+    ("everyday", (apply, status, export, check, lines, lock)),
+    ("moving releases", (rebase, watch)),
+    ("finding faults", (bisect, regress, doctor, profile_report)),
+)
+
+
+def _commands_help() -> str:
+    width = max(len(m.NAME) for _, mods in COMMANDS for m in mods) + 2
+    out = []
+    for group, mods in COMMANDS:
+        out.append(f"{group}:")
+        out += [f"  {m.NAME:<{width}}{m.HELP}" for m in mods]
+    return "\n".join(out)
+
+
+def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
+    """The top-level parser and each command's, by name (its own usage line for its own errors)."""
+    parser = argparse.ArgumentParser(prog="sglpatch", description=f"{DESCRIPTION}\n\n{_commands_help()}",
+                                     epilog=exitcodes.epilog(), formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"sglpatch {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-
-    # --- foundation (owner: core) ---------------------------------------
-    stack_cli.register(sub)  # apply / export / status / check / lock
-    lines_cli.register(sub)  # the lines side by side (issue 27)
-
-    # --- profile-report (owner: P4 helper) --------------------------------
-    _add_profile_report(sub)
-
-    # --- regress (owner: regress helper) -----------------------------------
-    _add_regress(sub)
-
-    # --- doctor (owner: issue 20) ---------------------------------------------
-    _add_doctor(sub)
-
-    # --- bisect (owner: bisect helper) -------------------------------------
-    bisect_cli.register(sub)
-
-    # --- rebase (owner: rebase helper) -------------------------------------
-    rebase_cli.register(sub)
-    watch_cli.register(sub)
-    for action in sub._choices_actions:  # every command: defaults shown, its summary on top, the exit codes below
-        p = sub.choices[action.dest]
-        p.formatter_class = _Help
-        p.epilog = exitcodes.epilog()
-        if p.description is None:
-            p.description = action.help
-    return parser
-
-
-def _add_profile_report(sub) -> None:
-    from sglpatch import verify_profile as profile_report
-
-    p = sub.add_parser("profile-report", help="summarize an EAGLE cycle profile (SGLANG_VERIFY_PROFILE_FILE, patch 0004)",
-                       description=profile_report.DESCRIPTION)
-    profile_report.add_arguments(p)
-    p.set_defaults(func=profile_report.run)
-
-
-def _add_regress(sub) -> None:
-    from sglpatch.gpu import regress
-
-    p = sub.add_parser(
-        "regress",
-        help="GPU regression suite: tiers cpu, kernel, server; writes report.json + report.md",
-        description=regress.DESCRIPTION,
-    )
-    regress.add_arguments(p)
-    p.set_defaults(func=lambda args: regress.run_args(args, ["sglpatch", "regress"]))
-
-
-def _add_doctor(sub) -> None:
-    from sglpatch.gpu.doctor import run as doctor
-
-    p = sub.add_parser("doctor", help="check the box before a load: stale GPU processes, the serving Python, "
-                       "NCCL settings, driver, P2P per GPU pair, free memory (run it first on a new box)",
-                       description=doctor.DESCRIPTION)
-    doctor.add_arguments(p)
-    p.set_defaults(func=doctor.run_args)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", help="one of the commands above")
+    parsers = {}
+    for _, mods in COMMANDS:
+        for m in mods:  # every command: defaults shown, its summary on top, the exit codes below
+            p = sub.add_parser(m.NAME, description=getattr(m, "DESCRIPTION", None) or m.HELP, formatter_class=_Help,
+                               epilog=exitcodes.epilog())
+            m.register(p)
+            p.set_defaults(func=m.run)
+            parsers[m.NAME] = p
+    return parser, parsers
 
 
 def main(argv: list[str] | None = None) -> int:
     if hasattr(sys.stdout, "reconfigure"):  # piped (`| tee`), stdout keeps its place among stderr's lines
         sys.stdout.reconfigure(line_buffering=True)
-    parser = build_parser()
+    parser, parsers = build_parser()
     args, extra = parser.parse_known_args(argv)
     if extra:  # the command's own usage line, not the top-level one (`rebase --dryrun`)
-        parser._subparsers._group_actions[0].choices[args.command].error(f"unrecognized arguments: {' '.join(extra)}")
+        parsers[args.command].error(f"unrecognized arguments: {' '.join(extra)}")
     try:
         if hasattr(args, "line"):  # every command that acts on a series: its line and tree, resolved once
             from sglpatch import context

@@ -1,7 +1,13 @@
-"""What the series side's commands share on the command line: the --workdir/--project options,
-reading them back, and an OSError as a one-line error. Each command's own arguments and run
-function live next to its module (stack_cli, bisect_cli, rebase_cli, watch_cli); sglpatch.cli
-only assembles them."""
+"""The option vocabulary every command shares: one spelling, one meaning, one help text each.
+
+    --workdir DIR, --project DIR, --line RELEASE   which tree (sglpatch.context resolves them once)
+    --source auto|git|registry (sdist, wheel)      where an upstream tree comes from
+    --json FILE ('-': standard output)             a machine-readable copy of what is printed
+    --report-dir DIR                               where a command writes its report folder
+    --...-timeout SEC / --timeout SEC              seconds, a positive number
+
+Old spellings stay as aliases that warn once (`deprecated`). Each command's own options live in
+its module of sglpatch.commands; an OSError becomes one line here."""
 
 from __future__ import annotations
 
@@ -9,8 +15,9 @@ import argparse
 import errno
 from pathlib import Path
 
-from sglpatch.project import find_project
+from sglpatch.argtypes import deprecated, positive
 from sglpatch.errors import SglpatchError
+from sglpatch.project import find_project
 
 PROJECT_HELP = "project root holding series, patches/, upstream.lock (default: found from cwd)"
 
@@ -51,3 +58,36 @@ def ctx(args):
         if args.ctx is None:
             find_project()  # raises the one line that says why
     return args.ctx
+
+
+SOURCES = ("auto", "git", "registry", "sdist", "wheel")
+SOURCE_HELP = ("where the upstream tree comes from: git (upstream.url), registry (the release's artifact on the package index: "
+               "the one a lock pins; for a new release its sdist, else a wheel), sdist or wheel (the registry's, of that kind), "
+               "auto (git when the URL answers, else registry; says which)")
+
+
+def add_source(p: argparse.ArgumentParser, default: str, why: str) -> None:
+    """--source, the same choices and meaning on every command; why: this command's default, said."""
+    p.add_argument("--source", choices=SOURCES, default=default, help=f"{SOURCE_HELP} (default: {default}: {why})")
+
+
+def add_json(p: argparse.ArgumentParser, what: str) -> None:
+    p.add_argument("--json", metavar="FILE", help=f"also write {what} as JSON to FILE ('-': standard output, instead of the text)")
+
+
+def write_json(dest: str, text: str) -> None:
+    """--json FILE's writer: '-' is standard output."""
+    if dest == "-":
+        print(text)
+    else:
+        Path(dest).write_text(text + "\n")
+
+
+def add_report_dir(p: argparse.ArgumentParser, default: str, old: str | None = None) -> None:
+    p.add_argument("--report-dir", metavar="DIR", help=f"where the report folder goes (default: {default})")
+    if old:
+        deprecated(p, old, "--report-dir", dest="report_dir", metavar="DIR")
+
+
+def add_timeout(p: argparse.ArgumentParser, flag: str, what: str, default: float | None = None) -> None:
+    p.add_argument(flag, type=positive, metavar="SEC", default=default, help=f"{what}, in seconds")

@@ -2,7 +2,7 @@
 command runs, from --project, --line, --workdir and --python (sglpatch.cli.main puts it on args.ctx
 for every command that takes --line), as Yocto devtool resolves its workspace before dispatch.
 Commands and scripts ask it; none re-derives a path (the naming rule is sglpatch.linepath's), and
-`--source auto` is decided here only (Context.source, the rule in sglpatch.upstream)."""
+`--source auto` is decided here only (Context.source, the rule in sglpatch.upstream.materialize)."""
 
 from __future__ import annotations
 
@@ -44,11 +44,14 @@ class Context:
 
 
     def source(self, given: str, url: str | None = None, timeout: float = 8.0, onto: tuple[str, str] | None = None) -> str:
-        """given, or for `auto` the one decision (git when the URL answers, else the registry; said
+        """given (git, sdist, wheel; registry is `sdist`, which every consumer takes as the registry's
+        artifact), else for `auto` the one decision (git when the URL answers, else the registry; said
         once): for the line's own pin, or for onto (tag, version: a rebase's target)."""
+        if given == "registry":  # the registry's artifact: the lock's, whatever its kind; a new release's sdist, else its wheel
+            return "sdist"
         if given != "auto":
             return given
-        from sglpatch import upstream
+        from sglpatch.upstream import materialize as upstream
 
         lock = self.line.lock
         tag, version = onto or (lock.tag, lock.version)

@@ -84,7 +84,7 @@ def guard_wheel_python(python: str, line, opt: str) -> str | None:
 
 def _offered(line, cp: str, v: str):
     """(the index's wheel of the line's release for that CPython, or None; the words for a refusal)."""
-    from sglpatch import pkgindex
+    from sglpatch.upstream import pkgindex
 
     try:
         art = pkgindex.wheel_for(line.lock.name, line.release, cp)
@@ -101,7 +101,7 @@ def compiled_for(workdir: Path, line, cp: str, python: str) -> str:
     import hashlib
     import zipfile
 
-    from sglpatch import artifacts, pkgindex
+    from sglpatch.upstream import artifacts, pkgindex
 
     lock, v = line.lock, f"{cp[2]}.{cp[3:]}"
     art = pkgindex.wheel_for(lock.name, line.release, cp)
@@ -162,7 +162,8 @@ def drop_extensions(git, lock) -> None:
 def guard_pin(git, project_root: Path) -> None:
     """Export writes a line's files only from a tree on that line's pin: a tree on another release
     (another line's commits) is refused with one line naming both, whatever else lines/ holds."""
-    from sglpatch import lines, upstream
+    from sglpatch import lines
+    from sglpatch.upstream import materialize as upstream
 
     line = lines.at(project_root)
     pin = upstream.upstream_pin(git)

@@ -18,10 +18,10 @@ from pathlib import Path
 from sglpatch import exitcodes, linepath
 from sglpatch.errors import SglpatchError
 from sglpatch.fsutil import inside, write_if_changed
-from sglpatch.lock import LOCK_NAME, Lock, read_lock
+from sglpatch.upstream.pin import LOCK_NAME, Lock, read_lock
+from sglpatch.project import LINES_DIR, checkout_of
 from sglpatch.series import SERIES_NAME, patch_path, read_series
 
-LINES_DIR = "lines"
 _RELEASE = linepath.RELEASE
 
 
@@ -42,15 +42,6 @@ def dest(release: str) -> str:
     if not _RELEASE.match(release or ""):
         raise SglpatchError(f"line {release!r}: not a release version (e.g. 0.5.23)", exitcodes.USAGE)
     return f"{LINES_DIR}/{release}"
-
-
-def checkout_of(root: Path) -> Path:
-    """The checkout a project root belongs to: the root itself, or the folder above lines/<R>/."""
-    root = Path(root)
-    up = root.parent.parent
-    if root.parent.name == LINES_DIR and (up / SERIES_NAME).is_file() and (up / LOCK_NAME).is_file():
-        return up
-    return root
 
 
 def all_lines(checkout: Path, damaged: list[str] | None = None) -> list[Line]:
@@ -134,7 +125,7 @@ def holding(checkout: Path, pin: str | None) -> Line | None:
 
 def held_by(project_root: Path, workdir: Path) -> Line | None:
     """The line a workdir holds (its upstream pin), None when it holds none or is not set up."""
-    from sglpatch import upstream
+    from sglpatch.upstream import materialize as upstream
     from sglpatch.gitcmd import Git
     from sglpatch.workdir import MANAGED_KEY
 
@@ -155,8 +146,9 @@ def status_line(held: Line | None) -> str:
 
 def guard_move(git, project_root: Path, lock: Lock) -> None:
     """Before apply (or a rebase) moves git's workdir onto lock's release: refused while the
-    interpreter the tree was installed into still imports it (sglpatch.install.guard_serving)."""
-    from sglpatch import install, upstream
+    interpreter the tree was installed into still imports it (sglpatch.pythonenv.install.guard_serving)."""
+    from sglpatch.pythonenv import install
+    from sglpatch.upstream import materialize as upstream
 
     pin = upstream.upstream_pin(git)
     if not pin or pin == lock.pin_digest():

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from sglpatch import exitcodes
 from sglpatch.errors import SglpatchError
-from sglpatch.lock import Lock, read_lock
+from sglpatch.upstream.pin import LOCK_NAME, Lock, read_lock
 from sglpatch.series import SERIES_NAME, PatchFile, Series, read_patch, read_series
 
 
@@ -43,3 +43,15 @@ def find_project(start: Path | None = None) -> Path:
         if (d / SERIES_NAME).is_file() and (d / "upstream.lock").is_file():
             return d
     raise SglpatchError("no sglpatch project here (no series + upstream.lock in this folder or above); pass --project DIR", exitcodes.USAGE)
+
+
+LINES_DIR = "lines"  # lines/<R>/: another supported line of the checkout (sglpatch.lines)
+
+
+def checkout_of(root: Path) -> Path:
+    """The checkout a project root belongs to: the root itself, or the folder above lines/<R>/."""
+    root = Path(root)
+    up = root.parent.parent
+    if root.parent.name == LINES_DIR and (up / SERIES_NAME).is_file() and (up / LOCK_NAME).is_file():
+        return up
+    return root

@@ -28,7 +28,7 @@ import unidiff
 from sglpatch.errors import SglpatchError
 from sglpatch.fsutil import inside
 from sglpatch.gitcmd import GitError, patch_paths
-from sglpatch.lock import safe_relpath
+from sglpatch.upstream.pin import safe_relpath
 
 SERIES_NAME = "series"
 PATCH_DIR = "patches"

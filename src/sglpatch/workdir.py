@@ -1,7 +1,7 @@
 """The workdir DIR: the one owner of what sglpatch keeps there and of every name it uses for it.
 
-    branch upstream          the pinned tree (sglpatch.upstream builds it)
-    branch patched           one commit per series entry (sglpatch.stack builds it)
+    branch upstream          the pinned tree (sglpatch.upstream.materialize builds it)
+    branch patched           one commit per series entry (sglpatch.stack.build builds it)
     refs/sglpatch/backup/    earlier heads, kept by apply --force and by a rebase
     refs/sglpatch/rebase/    a rebase's commits while it runs
     config sglpatch.managed  "true": DIR was made by sglpatch (set last, when the set-up is complete)
@@ -12,7 +12,7 @@
                              recorded BEFORE the install runs: a kill after pip still leaves it named)
     .git/sglpatch.lock       DIR's lock: one command at a time
     .git/sglpatch-tmp/       scratch files, inside .git so that a kill leaves nothing outside DIR
-    .git/sglpatch-rebase/    a rebase's state (sglpatch.rebase.state; its plan, state.json: sglpatch.rebaseplan)
+    .git/sglpatch-rebase/    a rebase's state (sglpatch.rebase.state; its plan, state.json: sglpatch.rebase_plan_file)
     python/sglang/_version.py  BUILT: rewritten by every install's build; put back, never an edit, never exported
 
 Everyone else asks this module for these names; nobody copies them.
@@ -28,7 +28,7 @@ import shutil
 from contextlib import contextmanager
 from pathlib import Path
 
-from sglpatch import rebaseplan
+from sglpatch import rebase_plan_file
 from sglpatch.errors import SglpatchError, say
 from sglpatch.fsutil import crashpoint, exclusive, no_link
 from sglpatch.gitcmd import Git
@@ -39,8 +39,8 @@ MANAGED_KEY = "sglpatch.managed"
 APPLIED_KEY = "sglpatch.applied"
 CHECKOUT_KEY = "sglpatch.first-checkout"  # set while the first checkout into a fresh workdir runs
 BACKUP_PREFIX = "refs/sglpatch/backup"
-INSTALLED_KEY = "sglpatch.installed-python"  # every interpreter the tree was installed into (sglpatch.install)
-FLASHINFER_BACK_KEY = "sglpatch.flashinfer-way-back"  # the command that restores the flashinfer set --with-flashinfer replaced (sglpatch.fiset)
+INSTALLED_KEY = "sglpatch.installed-python"  # every interpreter the tree was installed into (sglpatch.pythonenv.install)
+FLASHINFER_BACK_KEY = "sglpatch.flashinfer-way-back"  # the command that restores the flashinfer set --with-flashinfer replaced (sglpatch.pythonenv.flashinfer_set)
 REBASE_REF_PREFIX = "refs/sglpatch/rebase"
 SCRATCH = "sglpatch-tmp"
 # written by the tree's build (setuptools-scm) whenever it is installed: build output, never an edit
@@ -303,7 +303,7 @@ def rebase_in_progress(git: Git) -> str:
         return ""
     if (f.parent / "abort.started").is_file():  # sglpatch.rebase.state.ABORT_MARK
         return f"an --abort of it was interrupted: `sglpatch rebase --workdir {git.workdir} --abort` finishes it"
-    plan = rebaseplan.load(f, git.workdir)
+    plan = rebase_plan_file.load(f, git.workdir)
     if plan.stopped:
         i = plan.stopped["index"]
         return f"stopped at patch {i + 1}/{len(plan.names)} ({plan.names[i]}) for you"

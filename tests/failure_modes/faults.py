@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from conftest import SDIST_0510_SHA256, git
-from sglpatch.lock import read_lock
+from sglpatch.upstream.pin import read_lock
 from failure_modes.world import Case, REBASE_TARGET, _mount_tmpfs, _umount
 
 

@@ -15,7 +15,7 @@ import time
 import pytest
 
 from conftest import SDIST_0510_SHA256, git, loosen
-from sglpatch import treecache
+from sglpatch.upstream import treecache
 from failure_modes.world import Case, P2_FILE, TOOL_SRC
 from failure_modes.faults import T, no_timing, private_cache, rebase_args
 
@@ -118,7 +118,7 @@ def test_a_repack_killed_in_the_tree_cache_leaves_no_tmp_pack_for_ever(tmp_path,
 
 
 def test_a_facts_file_of_the_wrong_shape_is_worked_out_again(tmp_path, monkeypatch):
-    from sglpatch import treecache
+    from sglpatch.upstream import treecache
 
     monkeypatch.setenv("SGLPATCH_CACHE", str(tmp_path / "cache"))
     sha = "a" * 64
@@ -142,8 +142,8 @@ def test_a_cache_entry_linked_to_dev_zero_is_one_line_not_a_hang(tmp_path, what)
     link = cache / "sdist" / "sglang-0.5.9.tar.gz" if what == "artifact" else cache / "trees.git" / "facts" / "artifact" / f"{'b' * 64}.json"
     link.parent.mkdir(parents=True)
     link.symlink_to("/dev/zero")
-    code = LIMITED + ("from sglpatch.lock import sha256_file\nprint(sha256_file(sys.argv[1]))\n" if what == "artifact" else
-                      "from sglpatch import treecache\nprint(treecache.load_facts('artifact', 'b' * 64))\n")
+    code = LIMITED + ("from sglpatch.upstream.pin import sha256_file\nprint(sha256_file(sys.argv[1]))\n" if what == "artifact" else
+                      "from sglpatch.upstream import treecache\nprint(treecache.load_facts('artifact', 'b' * 64))\n")
     env = dict(os.environ, PYTHONPATH=TOOL_SRC, SGLPATCH_CACHE=str(cache))
     r = subprocess.run([sys.executable, "-c", code, str(link)], capture_output=True, text=True, env=env, timeout=20)
     if what == "facts":

@@ -15,7 +15,8 @@ import sys
 import pytest
 
 from conftest import ROOT, sglpatch
-from sglpatch import exitcodes, verify_profile
+from sglpatch import exitcodes
+from sglpatch.gpu import profile_report
 from sglpatch.errors import SglpatchError
 
 
@@ -27,7 +28,7 @@ def test_an_unknown_option_shows_the_commands_usage_not_the_top_level_one():
 
 
 def test_watch_releases_not_on_the_index_is_a_usage_error_and_a_reversed_range_says_so(monkeypatch):
-    from sglpatch import pkgindex
+    from sglpatch.upstream import pkgindex
     from sglpatch.watch import matrix
 
     known = ["0.5.9", "0.5.10", "0.5.10.post1", "0.5.11"]
@@ -47,7 +48,7 @@ def test_watch_releases_not_on_the_index_is_a_usage_error_and_a_reversed_range_s
 
 
 def test_profile_report_refuses_batch_size_0_and_drops_an_empty_batch_bucket(tmp_path):
-    from sglpatch import verify_profile as pr
+    from sglpatch.gpu import profile_report as pr
 
     rec = {"cycles": 10, "cycle_ms_mean": 20.0, "draft_ms_mean": 5.0, "verify_ms_mean": 10.0, "extend_ms_mean": 5.0,
            "accept_length": 2.5, "baseline_step_ms": 10.0}
@@ -80,9 +81,9 @@ def test_profile_report_draws_no_verdict_from_a_batch_1_bucket_without_cycles(tm
                              "4": {"cycles": 10, "cycle_ms_mean": 20.0, "accept_length": 2.5}}}
     path = tmp_path / "p.jsonl"
     path.write_text(json.dumps(rec) + "\n")
-    s = verify_profile.summarize(verify_profile.load(path))
+    s = profile_report.summarize(profile_report.load(path))
     assert list(s["by_batch_size"]) == ["4"] and s["speedup"] is None and s["break_even_accept_length"] is None
-    text = verify_profile.format_text(str(path), s, verify_profile.predictions(s, [2.0]))
+    text = profile_report.format_text(str(path), s, profile_report.predictions(s, [2.0]))
     assert "SLOWER" not in text and "verdict" not in text and "no batch-1 cycles" in text, text
 
 

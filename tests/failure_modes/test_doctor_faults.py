@@ -17,7 +17,7 @@ import psutil
 import pytest
 
 from sglpatch import exitcodes
-from sglpatch.gpu.doctor import procs as doctor_procs
+from sglpatch.gpu.doctor import gpu_holders as doctor_procs
 from sglpatch.gpu.doctor import run as doctor
 from failure_modes.world import TOOL_SRC
 
@@ -39,7 +39,7 @@ def test_kill_stale_on_another_users_worker_says_not_permitted_at_once(tmp_path)
         time.sleep(0.2)
         code = (
             "import json, sys, time, psutil\n"
-            "from sglpatch.gpu.doctor import procs as dp\n"
+            "from sglpatch.gpu.doctor import gpu_holders as dp\n"
             f"gp = dp.GpuProc({worker.pid}, ['/dev/nvidia0'], cmdline='sglang::scheduler_TP0', worker='w', parent_gone=True,"
             f" proc=psutil.Process({worker.pid}))\n"
             "t = time.monotonic(); lines = dp.end_stale([gp], grace=2.0)\n"

@@ -14,7 +14,7 @@ import subprocess
 import pytest
 
 from conftest import git
-from sglpatch.lock import read_lock, write_lock
+from sglpatch.upstream.pin import read_lock, write_lock
 from failure_modes import world as fm
 from failure_modes.world import CRLF_FILE, Case, DEP3, DEV, P2_FILE, _new_file_diff, mkpatch, ok, patch_names, refused, refused_apply, snapshot
 

@@ -19,7 +19,8 @@ import pytest
 
 from conftest import ROOT, copy_project
 import sglpatch as sglpatch_pkg
-from sglpatch import exitcodes, preflight
+from sglpatch import exitcodes
+from sglpatch.pythonenv import preflight
 import test_venv_preflight as vp
 from test_venv_preflight import UV, release, wheel
 from failure_modes.faults import KILLED
@@ -184,7 +185,7 @@ def test_half_built_venv_is_built_again(env, project_copy, tmp_path, how):
 def test_the_venv_preflight_fails_a_box_without_a_driver(tmp_path, monkeypatch):
     from types import SimpleNamespace
 
-    from sglpatch import preflight
+    from sglpatch.pythonenv import preflight
 
     monkeypatch.setenv("PATH", str(tmp_path))  # no nvidia-smi
     monkeypatch.delenv(preflight.NO_DRIVER_OK, raising=False)

@@ -20,7 +20,7 @@ import pytest
 
 from conftest import ROOT, git
 from sglpatch import exitcodes
-from sglpatch.lock import read_lock, sha256_file
+from sglpatch.upstream.pin import read_lock, sha256_file
 from failure_modes.world import Case, listing, ok, refused, refused_apply
 
 

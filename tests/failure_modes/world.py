@@ -37,9 +37,9 @@ import pytest
 
 from conftest import ROOT, built_once, git, run_cli, run_cli_inproc
 import sglpatch as sglpatch_pkg
-from sglpatch import stack
-from sglpatch.cachedir import cache_dir
-from sglpatch.lock import read_lock, write_lock
+from sglpatch.stack import build, export as stack_export, status
+from sglpatch.upstream.cachedir import cache_dir
+from sglpatch.upstream.pin import read_lock, write_lock
 from sglpatch.workdir import SCRATCH
 
 
@@ -110,7 +110,7 @@ def _build_golden(base: Path) -> None:
     write_lock(proj, lock)
     (proj / "series").write_text("# failure-mode test series\n")
     wd = base / "fork"
-    stack.apply(proj, wd, source="sdist")
+    build.apply(proj, wd, source="sdist")
     f1 = wd / P1_FILE
     f1.write_text(f1.read_text().replace("# Fallback for development without build", "# Fallback for development without a build"))
     git(wd, *DEV, "commit", "-qam", f"{SUBJECT_1}\n\n{DEP3}")
@@ -119,9 +119,9 @@ def _build_golden(base: Path) -> None:
     (wd / "python/sglang/srt/fm_note.py").write_text('"""A new file added by a patch."""\n')
     git(wd, "add", "-A", "python")
     git(wd, *DEV, "commit", "-qm", f"{SUBJECT_2}\n\n{DEP3}")
-    stack.export(proj, wd)
-    stack.update_blobs(proj, wd)
-    assert stack.apply(proj, wd, source="sdist").changed is False
+    stack_export.export(proj, wd)
+    status.update_blobs(proj, wd)
+    assert build.apply(proj, wd, source="sdist").changed is False
     assert len((proj / "series").read_text().split(".patch")) == 3
     # one pack instead of ~2000 loose objects: each case copies this workdir (cp -a), in half the time
     git(wd, "repack", "-a", "-d", "-q")
@@ -353,9 +353,9 @@ def rb_golden(golden, tmp_path_factory, sdist_0510):
             (proj / "resolutions" / REBASE_TARGET).mkdir(parents=True)
             shutil.copy2(ROOT / "resolutions" / REBASE_TARGET / "target.toml", proj / "resolutions" / REBASE_TARGET / "target.toml")
             (proj / "CHANGELOG.md").write_text("# Changelog\n\n## 0.1.0\n- started\n")
-            stack.apply(proj, wd, source="sdist")
-            stack.update_blobs(proj, wd)
-            assert stack.apply(proj, wd, source="sdist").changed is False
+            build.apply(proj, wd, source="sdist")
+            status.update_blobs(proj, wd)
+            assert build.apply(proj, wd, source="sdist").changed is False
     return dict(golden, project=proj, fork=wd)
 
 
@@ -371,9 +371,9 @@ def rb_conflict(rb_golden, tmp_path_factory):
     f.write_text(f.read_text().replace(
         "        if world_size > 2 and not full_nvlink:\n", "        if world_size > 2 and not full_nvlink and not _pcie_allowed():\n", 1))
     git(wd, *DEV, "commit", "-qam", f"custom_all_reduce: a patch on the NVLink gate\n\n{DEP3}")
-    stack.export(proj, wd)
-    stack.update_blobs(proj, wd)
-    assert stack.apply(proj, wd, source="sdist").changed is False
+    stack_export.export(proj, wd)
+    status.update_blobs(proj, wd)
+    assert build.apply(proj, wd, source="sdist").changed is False
     return dict(rb_golden, project=proj, fork=wd)
 
 

@@ -3,7 +3,7 @@ flashinfer of deps/flashinfer.toml, through the patched tree's own build call. C
 
 * The kernels are found in the patched tree: the csrc/include headers with `#include <flashinfer/`
   (today elementwise/rope.cuh) and the jit_kernel function whose load_jit call compiles each (the
-  same set sglpatch.jitcheck builds on the box).
+  same set sglpatch.pythonenv.jit_kernels builds on the box).
 * Each is built by calling that real function (rope.py _jit_apply_rope_pos_ids_cos_sin_cache_module
   -> load_jit -> tvm_ffi.cpp.load_inline -> ninja -> nvcc), with TVM_FFI_CUDA_ARCH_LIST=12.0 and a
   TVM_FFI_CACHE_DIR of this run, in a Python with torch and apache-tvm-ffi (the 0.5.23 test venv,
@@ -32,7 +32,7 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT, cuda_home, venv_0523
-from sglpatch import jitcheck
+from sglpatch.pythonenv import jit_kernels
 from sglpatch.series import read_patch, read_series
 
 PROJECT = Path(os.environ.get("SGLPATCH_PROJECT") or ROOT)
@@ -87,7 +87,7 @@ def flashinfer_include_lines(tree: Path) -> set[str]:
 def kernels(patched_tree):
     if not NVCC:
         pytest.skip("nvcc not found on PATH: the JIT kernels cannot be compiled here")
-    found = jitcheck.discover(patched_tree / "python" / "sglang")
+    found = jit_kernels.discover(patched_tree / "python" / "sglang")
     if not found and not flashinfer_include_lines(patched_tree):
         pytest.skip(f"no JIT kernel of sglang {tree_version(patched_tree)} includes flashinfer headers: nothing to build")
     return found
@@ -106,7 +106,7 @@ def builder() -> Path:
 
 def unpacked_flashinfer(version: str, dest: Path) -> Path:
     """flashinfer-python VERSION's registry wheel (index-verified, cached), its flashinfer/ unpacked under dest."""
-    from sglpatch import artifacts
+    from sglpatch.upstream import artifacts
 
     _, whl = artifacts.fetch("flashinfer-python", version, "wheel")
     with zipfile.ZipFile(whl) as zf:
@@ -126,8 +126,8 @@ def upstream_rope(tree: Path) -> bytes:
         return subprocess.run(["git", "show", f"upstream:{ROPE}"], cwd=tree, capture_output=True, check=True).stdout
     import tarfile
 
-    from sglpatch import artifacts
-    from sglpatch.lock import read_lock
+    from sglpatch.upstream import artifacts
+    from sglpatch.upstream.pin import read_lock
 
     lock = read_lock(PROJECT)
     with tarfile.open(artifacts.fetch_sdist(lock)) as tf:
@@ -191,7 +191,7 @@ def built(rec: dict) -> bool:
 
 
 def test_the_kernels_that_include_flashinfer_are_the_ones_jitcheck_builds(kernels, patched_tree):
-    """The grep and sglpatch.jitcheck.discover agree; each builder is called without arguments."""
+    """The grep and sglpatch.pythonenv.jit_kernels.discover agree; each builder is called without arguments."""
     direct = flashinfer_include_lines(patched_tree)
     assert {d for d in direct if not d.startswith("include/")} <= {k["file"] for k in kernels}, (direct, kernels)
     assert all(k["args"] == 0 for k in kernels), kernels

@@ -29,36 +29,3 @@ re-enters: ``python -m sglpatch.bisect --step STATE``, see ``__main__``), ``driv
 guards, the triage, ``git bisect run`` in a thread, the restore whatever happens) and ``report``
 (``format_report`` and the files written to the log folder).
 """
-
-from __future__ import annotations
-
-from sglpatch.bisect.command import run_cmd
-from sglpatch.bisect.driver import run
-from sglpatch.workdir import PATCHED_BRANCH, UPSTREAM_BRANCH
-from sglpatch.bisect.model import (
-    ENV_COMMIT,
-    ENV_PATCH,
-    BisectError,
-    BisectResult,
-    PatchRef,
-    Step,
-    run_bound,
-)
-from sglpatch.bisect.report import format_report
-from sglpatch.bisect.step import main
-
-__all__ = [
-    "ENV_COMMIT",
-    "ENV_PATCH",
-    "PATCHED_BRANCH",
-    "UPSTREAM_BRANCH",
-    "BisectError",
-    "BisectResult",
-    "PatchRef",
-    "Step",
-    "format_report",
-    "main",
-    "run",
-    "run_bound",
-    "run_cmd",
-]

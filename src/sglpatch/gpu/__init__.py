@@ -5,7 +5,7 @@
   report.json + report.md.
 - `cpu/`: the patch tests against the installed, patched sglang.
 - `kernel/`: allreduce latency and correctness per backend and install (`tier`, `launch`, `md`,
-  `decision`), and its worker under torchrun (`bench`, with its parts in `kbench/`: only the
+  `decision`), and its worker under torchrun (`bench`, with its parts in `microbench/`: only the
   standard library, torch and this package).
 - `server/`: the patched server mode by mode (`tier`, `mode`, `modes`, `report`, `evidence`),
   and `--ab` (`ab`).
@@ -16,5 +16,5 @@
 
 It sees the series side only through `shared.series_side` (which patches an installed workdir
 carries), imported lazily, so the suite also runs on a GPU box without GitPython. Nothing here
-imports `sglpatch.cli`. P4's verify-cycle report is `sglpatch.verify_profile` (any machine).
+imports `sglpatch.cli`. P4's verify-cycle report is `sglpatch.gpu.profile_report` (any machine).
 """

@@ -21,7 +21,9 @@ import shlex
 import sys
 from pathlib import Path
 
-from sglpatch import exitcodes, pyenv
+from sglpatch import exitcodes
+from sglpatch.pythonenv import interpreter
+from sglpatch.argtypes import deprecated
 from sglpatch.errors import SglpatchError
 from sglpatch.gpu.cpu.tier import CpuTier
 from sglpatch.gpu.kernel.tier import KernelTier
@@ -58,7 +60,7 @@ def run_regress(tier: str = "all", profile: str | None = None, report: str | Non
     if baseline and not Path(baseline).is_file():
         raise usage_error(f"--baseline {baseline}: no such file (give a previous report.json)")
     for p in pythons:  # the Python(s) under test: checked before anything is written
-        pyenv.check_python(p.strip())
+        interpreter.check_python(p.strip())
     python = ",".join(expand(p.strip()) for p in pythons) or None
     if len(pythons) == 1:
         for t in ("kernel", "server"):
@@ -136,7 +138,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "server: the patched server's tok/s against the baseline; all: each in turn",
     )
     p.add_argument("--profile", help="targets/NAME.toml, or NAME of a file in targets/ (e.g. rtx6000x8-kimi-k25)")
-    p.add_argument("--report", help="report folder (default: ./regress-<UTC time>)")
+    p.add_argument("--report-dir", metavar="DIR", help="where the report folder goes (default: ./regress-<UTC time>)")
+    deprecated(p, "--report", "--report-dir", dest="report_dir", metavar="DIR")
     p.add_argument("--baseline", help="a previous report.json to compare kernel latencies with (same hardware only)")
     p.add_argument("--project", help="the sglpatch checkout holding targets/ and tests/ (default: found from cwd)")
     p.add_argument("--python", metavar="PATH[,PATH2]",
@@ -167,7 +170,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run_args(args: argparse.Namespace, prog: list[str]) -> int:
     """Run what add_arguments parsed; print one line per tier and where the report is."""
     argv = [*prog, "--tier", args.tier]
-    for flag in ("profile", "report", "baseline", "project", "modes", "parity_with", "ab", "python", "with_profile",
+    for flag in ("profile", "report_dir", "baseline", "project", "modes", "parity_with", "ab", "python", "with_profile",
                  "workdir"):
         if getattr(args, flag):
             argv += [f"--{flag.replace('_', '-')}", getattr(args, flag)]
@@ -177,7 +180,7 @@ def run_args(args: argparse.Namespace, prog: list[str]) -> int:
         argv += ["--stress"] + ([str(args.stress)] if args.stress >= 0 else [])
     if args.quick:
         argv.append("--quick")
-    res = run_regress(tier=args.tier, profile=args.profile, report=args.report, project=args.project,
+    res = run_regress(tier=args.tier, profile=args.profile, report=args.report_dir, project=args.project,
                       baseline=args.baseline, argv=argv, stress=args.stress, modes=args.modes,
                       parity_with=args.parity_with, ab=args.ab, doctor=not args.no_doctor, python=args.python,
                       quick=args.quick, with_profile=args.with_profile,

@@ -44,20 +44,9 @@ the Outcome and its table; exit codes, names), ``target`` (the ``--onto`` pin), 
 helpers: fixed commits, 3-way), ``mergecheck`` (is a clean merge working?), ``upstreamed`` (is the
 change already there?), ``resolutions`` (recorded, conflict-keyed), ``plan`` (preparing the plan:
 old stack, target, new upstream), ``classify`` (the engine, the dry run), ``state`` (what
-DIR/.git/sglpatch-rebase/ holds), ``session`` (a real rebase: stop, continue, abort, finish).
-Outside the package: ``sglpatch.rebaseplan`` (the saved plan's fields and format, its reader,
+DIR/.git/sglpatch-rebase/ holds), ``session`` (a real rebase: stop, continue, abort, finish), ``finish_report``
+(the CHANGELOG section and the range-diff a finished rebase writes).
+Outside the package: ``sglpatch.rebase_plan_file`` (the saved plan's fields and format, its reader,
 RebaseError) and ``sglpatch.workdir`` (the state's place and names, the "rebase in progress"
 check), which the stack commands read without running the rebase.
 """
-
-from sglpatch.rebase.classify import DryRunResult, classify, dry_run
-from sglpatch.rebase.outcome import EXIT_HUMAN, EXIT_NOTHING, EXIT_UNATTENDED, RESOLUTIONS_DIR, Action, Outcome, RebaseStopped, Status
-from sglpatch.rebase.resolutions import Recorded, conflict_key, read_resolutions, resolutions_dir, write_resolutions
-from sglpatch.rebase.session import abort, continue_, start
-from sglpatch.rebaseplan import RebaseError
-
-__all__ = [
-    "EXIT_HUMAN", "EXIT_NOTHING", "EXIT_UNATTENDED", "RESOLUTIONS_DIR", "Action", "DryRunResult", "Outcome", "RebaseError",
-    "RebaseStopped", "Recorded", "Status", "abort", "classify", "conflict_key", "continue_", "dry_run", "read_resolutions",
-    "resolutions_dir", "start", "write_resolutions",
-]

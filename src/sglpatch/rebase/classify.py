@@ -6,18 +6,19 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from sglpatch import stack, treecache
+from sglpatch.stack import build
+from sglpatch.upstream import treecache
 from sglpatch.errors import SglpatchError, say
 from sglpatch.fsutil import crashpoint, private_tmpdir
 from sglpatch.gitcmd import Git
-from sglpatch.lock import Lock
+from sglpatch.upstream.pin import Lock
 from sglpatch.project import Project
 from sglpatch.series import PATCH_DIR, Entry, PatchFile, parse_patch, read_series
 from sglpatch.rebase.outcome import EXIT_HUMAN, EXIT_NOTHING, EXIT_UNATTENDED, RESOLUTIONS_DIR, Action, Outcome, Status, table
 from sglpatch.rebase import mergecheck
 from sglpatch.rebase.merge import commit_like, conflict_regions, failing_hunks, three_way
 from sglpatch.rebase.plan import in_sync_stack, new_plan, prepare
-from sglpatch.rebaseplan import Plan
+from sglpatch.rebase_plan_file import Plan
 from sglpatch.workdir import open_workdir
 from sglpatch.rebase.upstreamed import upstream_evidence
 from sglpatch.rebase.resolutions import Recorded, rerere, conflict_key, lenient_resolutions, read_resolutions
@@ -50,7 +51,7 @@ def _step(
             o.note = "no Applied-Upstream field; found in the tree"
         return o
     try:
-        new_commit = stack.commit_patch(git, head, entry, patch, exact=True)
+        new_commit = build.commit_patch(git, head, entry, patch, exact=True)
         o.status = Status.EXACT
     except SglpatchError:
         clean, tree, files = three_way(git, head, old_parent, old_commit)
@@ -91,7 +92,7 @@ def _step(
             return o
         rp = parse_patch(name, rec.data, entry.strip)
         try:
-            new_commit = stack.commit_patch(git, head, entry, rp, exact=True, advice=RECORDED_ADVICE)
+            new_commit = build.commit_patch(git, head, entry, rp, exact=True, advice=RECORDED_ADVICE)
         except SglpatchError as e:
             o.action = Action.STOP
             o.note = (o.note + "; " if o.note else "") + f"the recorded resolution no longer applies ({e})"

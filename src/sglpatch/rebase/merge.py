@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from sglpatch.gitcmd import Git, last_line
 from sglpatch.series import PatchFile, hunks_by_path, parse_patch
-from sglpatch.rebaseplan import RebaseError
+from sglpatch.rebase_plan_file import RebaseError
 from sglpatch.workdir import scratch_dir
 
 

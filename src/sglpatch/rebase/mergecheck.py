@@ -29,7 +29,7 @@ import unidiff
 from pyflakes import checker as _checker
 from pyflakes import messages as _m
 
-from sglpatch import treecache
+from sglpatch.upstream import treecache
 from sglpatch.gitcmd import Git
 
 _BROKEN = (

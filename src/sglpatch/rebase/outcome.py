@@ -1,6 +1,6 @@
 """What a rebase says of each patch: its status on the new upstream and the action taken (the
 words the watch's cells use too), the per-patch Outcome and its table; RebaseStopped, exit
-codes and the project's names (RebaseError is sglpatch.rebaseplan's, the workdir's names are
+codes and the project's names (RebaseError is sglpatch.rebase_plan_file's, the workdir's names are
 sglpatch.workdir's)."""
 
 from __future__ import annotations

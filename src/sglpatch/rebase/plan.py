@@ -8,14 +8,15 @@ import hashlib
 import time
 from pathlib import Path
 
-from sglpatch import stack, treecache
-from sglpatch import upstream as up
+from sglpatch.stack import build
+from sglpatch.upstream import treecache
+from sglpatch.upstream import materialize as up
 from sglpatch.errors import say
 from sglpatch.gitcmd import Git
-from sglpatch.lock import Lock
+from sglpatch.upstream.pin import Lock
 from sglpatch.rebase import target
 from sglpatch.project import Project
-from sglpatch.rebaseplan import Plan, RebaseError
+from sglpatch.rebase_plan_file import Plan, RebaseError
 from sglpatch.workdir import PATCHED_BRANCH, UPSTREAM_BRANCH, recorded
 from sglpatch.rebase.resolutions import read_resolutions
 
@@ -61,7 +62,7 @@ def _build_new_upstream(git: Git, lock: Lock, source: str, url: str | None) -> s
 
 def prepare(git: Git, project_root: Path, onto: str, source: str, commit: str | None, url: str | None, in_sync,
             cached: bool = False) -> Plan:
-    """cached (dry runs): registry trees come from the tree cache (sglpatch.treecache), which git
+    """cached (dry runs): registry trees come from the tree cache (sglpatch.upstream.treecache), which git
     (a scratch repository) then borrows; a real rebase commits them into the workdir."""
     project = Project.load(project_root)
     if source == "auto":  # decided once, before the command runs (sglpatch.context.Context.source)
@@ -71,7 +72,7 @@ def prepare(git: Git, project_root: Path, onto: str, source: str, commit: str | 
         say(f"building the current stack on {project.lock.describe()} to compare against")
         old_base = up.build_from_git(git, project.lock, url) if source == "git" else registry(git, project.lock)
         up.verify_blobs(git, old_base, project.lock, source)
-        old_commits = stack.build_chain(git, project, old_base, progress=False)
+        old_commits = build.build_chain(git, project, old_base, progress=False)
     else:
         old_base, old_commits = in_sync
     version_guess = target.VERSION_RE.match(onto)

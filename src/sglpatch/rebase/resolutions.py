@@ -14,7 +14,7 @@ from sglpatch.fsutil import inside, write_if_changed
 from sglpatch.gitcmd import Git
 from sglpatch.series import check_name
 from sglpatch.rebase.outcome import Outcome, RESOLUTIONS_DIR
-from sglpatch.rebaseplan import RebaseError
+from sglpatch.rebase_plan_file import RebaseError
 
 
 # --------------------------------------------------------------------------------------

@@ -10,15 +10,17 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from sglpatch import install, linepath, stack
+from sglpatch.pythonenv import install
+from sglpatch import linepath
+from sglpatch.stack import export, status
 from sglpatch.errors import say
 from sglpatch.fsutil import crashpoint, journal, tmp_prefix, write_if_changed
 from sglpatch.gitcmd import Git
 from sglpatch.lines import dest as line_dest
 from sglpatch.lines import seed as seed_line
-from sglpatch.lock import Lock, write_lock
+from sglpatch.upstream.pin import Lock, write_lock
 from sglpatch.project import Project
-from sglpatch.rebaseplan import Plan, RebaseError
+from sglpatch.rebase_plan_file import Plan, RebaseError
 from sglpatch.series import PATCH_DIR
 from sglpatch.workdir import (APPLIED_KEY, BACKUP_PREFIX, PATCHED_BRANCH, REBASE_REF_PREFIX, REBASE_STATE_FILE, UPSTREAM_BRANCH, Workdir, clear_scratch,
                               edits, open_workdir, pin_key, rebase_state_dir, record, scratch_dir)
@@ -27,7 +29,7 @@ from sglpatch.rebase.merge import commit_like
 from sglpatch.rebase.resolutions import Recorded, read_resolutions, write_resolutions
 from sglpatch.rebase.classify import run_steps
 from sglpatch.rebase.plan import in_sync_stack, prepare
-from sglpatch.rebase import state
+from sglpatch.rebase import finish_report, state
 
 
 # --------------------------------------------------------------------------------------
@@ -135,7 +137,7 @@ def _drive(git: Git, plan: Plan) -> list[str]:
 
 def _stop(git: Git, plan: Plan, o: Outcome) -> list[str]:
     i = plan.next
-    data = stack.format_patch(git, plan.old_commits[i])
+    data = export.format_patch(git, plan.old_commits[i])
     git.run("checkout", "-q", "--detach", plan.head)
     crashpoint("rebase:stop:checkout")
     with tempfile.TemporaryDirectory(prefix=tmp_prefix("rb"), dir=scratch_dir(git)) as tmp:
@@ -272,66 +274,6 @@ def abort(workdir: Path, here: Path | None = None) -> list[str]:
     return lines
 
 
-def _range_diff(git: Git, plan: Plan, new_base: str, new_head: str) -> str:
-    old_head = plan.old_commits[-1] if plan.old_commits else plan.old_base
-    rc, out, err = git.run(
-        "range-diff", "--no-color", "--creation-factor=95", f"{plan.old_base}..{old_head}", f"{new_base}..{new_head}", check=False, strip=False
-    )
-    return out if rc == 0 else f"(git range-diff failed: {err.strip()})\n"
-
-
-def _split_range_diff(text: str) -> list[str]:
-    parts, cur = [], []
-    for line in text.splitlines():
-        if re.match(r"^\s*(\d+|-):\s+[0-9a-f-]+ [<>=!] ", line) and cur:
-            parts.append("\n".join(cur))
-            cur = []
-        cur.append(line)
-    return parts + (["\n".join(cur)] if cur else [])
-
-
-def _changelog_section(old: Lock, new: Lock, source: str, outcomes: list[Outcome], report_rel: str) -> str:
-    today = time.strftime("%Y-%m-%d", time.gmtime())
-    lines = [
-        f"## Rebase onto sglang {new.version} (from {old.version}) - {today}",
-        "",
-        f"- Target: {new.name} {new.version}, tag {new.tag}, commit {new.commit}, {new.artifact_kind} {new.sdist_filename} sha256 "
-        f"{new.sdist_sha256} (source: {source})."
-        + (" The release records no commit and GitHub did not answer: the pin says commit = unknown." if new.commit == "unknown" else ""),
-    ]
-    for o in outcomes:
-        if o.action in DROPPED:
-            pr = f" Upstream: {o.hint}." if o.hint else ""
-            lines.append(f"- `{o.name}` ({o.subject}): {o.status}; dropped from the series. {o.how}.{pr}")
-        elif o.action == Action.RECORDED:
-            lines.append(f"- `{o.name}` ({o.subject}): {o.status}; resolved with the {o.how}.")
-        elif o.action == Action.HAND:
-            lines.append(f"- `{o.name}` ({o.subject}): {o.status} in {', '.join(o.files)}; resolved by hand and recorded in {RESOLUTIONS_DIR}/{new.version}/.")
-        elif o.action == Action.REFRESH:
-            lines.append(f"- `{o.name}` ({o.subject}): applied with a 3-way merge; refreshed.")
-        else:
-            lines.append(f"- `{o.name}` ({o.subject}): applies exactly; unchanged.")
-        if o.note:
-            lines.append(f"  Note: {o.note}.")
-    lines.append(f"- Per-patch `git range-diff` old vs new stack: `{report_rel}`.")
-    return "\n".join(lines) + "\n"
-
-
-def _insert_changelog(project_root: Path, section: str, before: str = "") -> None:
-    path = project_root / CHANGELOG
-    text = path.read_text(encoding="utf-8") if path.is_file() else "# Changelog\n"
-    lines = text.split("\n")
-    title = section.split("\n", 1)[0].rsplit(" - ", 1)[0]  # the heading without its date
-    if sum(x.startswith(title) for x in lines) > sum(x.startswith(title) for x in before.split("\n")):
-        return  # a killed earlier run of this rebase inserted it already
-    at = next((k for k, line in enumerate(lines) if line.startswith("## ")), None)
-    if at is None:
-        new = text.rstrip("\n") + "\n\n" + section
-    else:
-        new = "\n".join(lines[:at]) + ("\n" if at else "") + section + "\n" + "\n".join(lines[at:])
-    write_if_changed(path, new.encode(), within=project_root)
-
-
 def _finish(git: Git, plan: Plan) -> list[str]:
     """The finishing step (under DIR's lock): every project folder it writes in is checked first
     (inside the project, writable), then the branches move and the project is written, each
@@ -367,7 +309,7 @@ def _finish_journaled(git: Git, plan: Plan) -> list[str]:
     crashpoint("rebase:finish:patched")
     # 2. report (before export, which deletes dropped patch files)
     report_dir = project_root / REPORTS_DIR / report_name
-    rd = _range_diff(git, plan, new_base, new_head)
+    rd = finish_report.range_diff(git, plan, new_base, new_head)
     snap = rebase_state_dir(git) / "project" / "files"
     for o in outcomes:
         if o.action in DROPPED:
@@ -387,7 +329,7 @@ def _finish_journaled(git: Git, plan: Plan) -> list[str]:
         "## Per-patch range-diff (old stack vs new stack)",
         "",
     ]
-    for part in _split_range_diff(rd):
+    for part in finish_report.split_range_diff(rd):
         report += ["```diff", part, "```", ""]
     write_if_changed(report_dir / "report.md", ("\n".join(report) + "\n").encode(), within=project_root)
     write_if_changed(report_dir / "range-diff.txt", rd.encode(), within=project_root)
@@ -402,7 +344,7 @@ def _finish_journaled(git: Git, plan: Plan) -> list[str]:
             if not action:
                 continue
             o = next(o for o in outcomes if o.name == name)
-            data = stack.format_patch(git, by_subject[o.subject]) if action == "replace" else None
+            data = export.format_patch(git, by_subject[o.subject]) if action == "replace" else None
             # keyed by the conflict it resolves (rerere-like), so any release showing the same
             # conflict is offered it; a 3-way-but-broken stop has no conflict: keyed by the patch
             recs[name] = Recorded(action, f"resolved by hand during the rebase onto {new_lock.version}", plan.sha256s[k], data,
@@ -418,17 +360,17 @@ def _finish_project(git, plan, outcomes, old_lock, new_lock, new_base, report_di
     line_root = project_root / plan.dest if plan.dest else project_root
     if plan.dest:
         seed_line(project_root, line_root, old_lock.version, new_lock.version)
-    res = stack.export_locked(line_root, git)  # this rebase holds DIR's lock
+    res = export.export_locked(line_root, git)  # this rebase holds DIR's lock
     crashpoint("rebase:finish:export")
     project = Project.load(line_root)
-    new_lock.blobs = stack.touched_blobs(git, new_base, project.patches)
+    new_lock.blobs = status.touched_blobs(git, new_base, project.patches)
     write_lock(line_root, new_lock)
     crashpoint("rebase:finish:lock")
     rel = str(report_dir.relative_to(project_root)) + "/report.md"
     before = rebase_state_dir(git) / "project" / "files" / (f"{plan.dest}/{CHANGELOG}" if plan.dest else CHANGELOG)
-    _insert_changelog(
+    finish_report.insert_changelog(
         line_root,
-        _changelog_section(old_lock, new_lock, plan.source, outcomes, rel),
+        finish_report.changelog_section(old_lock, new_lock, plan.source, outcomes, rel),
         before.read_text(encoding="utf-8") if before.is_file() else "",
     )
     crashpoint("rebase:finish:changelog")

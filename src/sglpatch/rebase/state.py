@@ -4,7 +4,7 @@ the finishing step wrote in the project (written.json), which is what --abort un
 folder is, and whether a rebase is in progress (state.json is there), is sglpatch.workdir's.
 
     state.json     the Plan, saved after every step (--continue goes on from it); its "format"
-                   (rebaseplan.PLAN_FORMAT, now 1) must be this sglpatch's, else it is refused
+                   (rebase_plan_file.PLAN_FORMAT, now 1) must be this sglpatch's, else it is refused
     orig.json      DIR's branch, HEAD, upstream, patched, applied record, and the project path
     project/       manifest.json + files/: the project files the rebase may write, as they were
     written.json   {path: sha256 written | null (removed)}, each entry recorded before the write
@@ -24,9 +24,9 @@ from pathlib import Path
 
 from sglpatch.fsutil import inside, read_journal, write_if_changed
 from sglpatch.gitcmd import Git
-from sglpatch import rebaseplan
+from sglpatch import rebase_plan_file
 from sglpatch.rebase.outcome import CHANGELOG, REPORTS_DIR, RESOLUTIONS_DIR
-from sglpatch.rebaseplan import Plan, RebaseError
+from sglpatch.rebase_plan_file import Plan, RebaseError
 from sglpatch.series import PATCH_DIR, SERIES_NAME
 from sglpatch.workdir import REBASE_STATE_FILE, rebase_state_dir
 
@@ -39,7 +39,7 @@ def save(git: Git, plan: Plan) -> None:
 
 
 def load(git: Git) -> Plan:
-    return rebaseplan.load(rebase_state_dir(git) / REBASE_STATE_FILE, git.workdir)
+    return rebase_plan_file.load(rebase_state_dir(git) / REBASE_STATE_FILE, git.workdir)
 
 
 ABORT_MARK = "abort.started"  # written before --abort moves anything; the folder goes last

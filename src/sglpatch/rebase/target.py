@@ -1,19 +1,19 @@
 """The target of `sglpatch rebase --onto VERSION|TAG|COMMIT` (and of its dry run, the watch's
 classification): which release it names, from which source, and its upstream.lock, every field
 filled and checked against the index (and the recorded pin in resolutions/<version>/target.toml).
-Materializing the tree it pins is sglpatch.upstream's."""
+Materializing the tree it pins is sglpatch.upstream.materialize's."""
 
 from __future__ import annotations
 
 import re
 import tempfile
 
-from sglpatch import artifacts, pkgindex
+from sglpatch.upstream import artifacts, pkgindex
 from sglpatch.errors import SglpatchError, say
 from sglpatch.gitcmd import Git, validate_ref, validate_url
-from sglpatch.lock import UNKNOWN_COMMIT, Lock, LockError
-from sglpatch.pkgindex import no_release
-from sglpatch.upstream import commits_match
+from sglpatch.upstream.pin import UNKNOWN_COMMIT, Lock, LockError
+from sglpatch.upstream.pkgindex import no_release
+from sglpatch.upstream.materialize import commits_match
 
 VERSION_RE = re.compile(r"^v?([0-9]+(\.[0-9]+)*((a|b|rc|\.post|\.dev)[0-9]+)*)$")
 SHA_RE = re.compile(r"^[0-9a-f]{7,40}$")

@@ -4,7 +4,7 @@ One row per release, one column per patch (the classification is rebase's own, s
 ``rebase.classify``), plus the release's dependency pins next to the pinned release's and the
 newest release of each on the index; for the packages the series relies on (deps/newer.toml),
 what their newest release changes of what the newest watched release uses (watch.depwatch).
-Trees are cached (``sglpatch.treecache``): each registry artifact is unpacked once into a
+Trees are cached (``sglpatch.upstream.treecache``): each registry artifact is unpacked once into a
 cache git repository, so a second run only classifies. Output: a terminal table, and optionally JSON and markdown.
 Exit status: 3 when the newest release needs a human, else 0.
 
@@ -12,53 +12,3 @@ Modules: ``matrix`` (the rows: classification, pins, what newer dependencies cha
 (the terminal table, the markdown), ``supersede`` (the ``X-Superseded-By`` probe), ``depwatch``
 (dependencies newer than the pins).
 """
-
-from __future__ import annotations
-
-import json
-import time
-from pathlib import Path
-
-from sglpatch import exitcodes
-from sglpatch.fsutil import write_if_changed
-from sglpatch.errors import SglpatchError, say
-from sglpatch.watch.matrix import DEPS, VERDICT, Cell, Row, default_jobs, dep_pins, newer_than_pins, pins, run
-from sglpatch.watch.render import SHORT, markdown, terminal
-
-EXIT_OK = exitcodes.OK
-EXIT_HUMAN = exitcodes.HUMAN
-
-__all__ = [
-    "DEPS", "EXIT_HUMAN", "EXIT_OK", "SHORT", "VERDICT", "Cell", "Row", "default_jobs", "dep_pins", "main", "markdown",
-    "newer_than_pins", "pins", "run", "terminal",
-]
-
-
-def checkout_lines(project_root: Path) -> list[dict]:
-    """The checkout's lines besides the primary (sglpatch.lines): the watch names them beside the
-    releases it classifies, and says which release still has none."""
-    from sglpatch import lines
-
-    damaged: list[str] = []  # a damaged line folder is named, and the finished report kept
-    out = []
-    for ln in lines.all_lines(lines.checkout_of(Path(project_root)), damaged)[1:]:
-        try:
-            out.append({"release": ln.release, "dir": ln.where, "patches": lines.carried(ln)})
-        except SglpatchError as e:
-            damaged.append(f"{ln.where}: {e}")
-    for d in damaged:
-        say(f"warning: a line folder is left out of the report: {d}")
-    return out
-
-
-def main(project_root: Path, releases: str | None = None, json_out: str | None = None, md_out: str | None = None,
-         command: str | None = None, jobs: int | None = None, recheck: bool = False) -> int:
-    report = run(project_root, releases, jobs, recheck)
-    report["lines"] = checkout_lines(project_root)
-    print("\n".join(terminal(report)))
-    if json_out:
-        data = dict(report, command=command, date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()))
-        write_if_changed(Path(json_out), (json.dumps(data, indent=1) + "\n").encode())
-    if md_out:
-        write_if_changed(Path(md_out), markdown(report, command).encode())
-    return EXIT_HUMAN if report["newest_verdict"] == "human" else EXIT_OK

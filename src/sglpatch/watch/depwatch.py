@@ -9,7 +9,7 @@ submodules, read with ast; nothing is imported); a name the pinned wheel has and
 lacks is reported with the file:line that uses it, marked when the file is one the series
 patches or relies on. Also reported: names dropped from the module namespaces the table lists
 (``flashinfer.comm``), and the table's constants whose value changed, with its note. Wheels are
-index-verified (sglpatch.artifacts); what a wheel defines is kept in the tree cache's facts under
+index-verified (sglpatch.upstream.artifacts); what a wheel defines is kept in the tree cache's facts under
 its sha256 (each module read when first looked up), what a tree imports under the tree id, so a
 warm watch reads no wheel.
 """
@@ -23,7 +23,8 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from sglpatch import toml
-from sglpatch import artifacts, series, treecache
+from sglpatch.upstream import artifacts, treecache
+from sglpatch import series
 from sglpatch.errors import SglpatchError
 from sglpatch.gitcmd import Git
 from sglpatch.watch import supersede

@@ -1,8 +1,8 @@
 """The watch's matrix: one row per release after the pin, one cell per patch (the classification
-is rebase's own, ``rebase.classify``; "superseded" is the ``X-Superseded-By`` probe's, watch.supersede),
+is rebase's own, ``classify.classify``; "superseded" is the ``X-Superseded-By`` probe's, watch.supersede),
 each release's dependency pins, and the newest release of each pinned dependency with what it
 changes of what the release uses (watch.depwatch). Trees come from the tree cache
-(``sglpatch.treecache``); a release classified before with the same inputs is read back from its facts."""
+(``sglpatch.upstream.treecache``); a release classified before with the same inputs is read back from its facts."""
 
 from __future__ import annotations
 
@@ -16,12 +16,15 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from sglpatch import artifacts, exitcodes, pkgindex, rebase, stack, treecache
-from sglpatch import upstream as up
+from sglpatch.upstream import artifacts, pkgindex, treecache
+from sglpatch import exitcodes
+from sglpatch.rebase import classify, outcome
+from sglpatch.stack import build
+from sglpatch.upstream import materialize as up
 from sglpatch.errors import SglpatchError, say
 from sglpatch.fsutil import private_tmpdir
 from sglpatch.gitcmd import Git
-from sglpatch.lock import UNKNOWN_COMMIT, Lock
+from sglpatch.upstream.pin import UNKNOWN_COMMIT, Lock
 from sglpatch.project import Project
 from sglpatch.rebase.outcome import Action, Status
 from sglpatch.rebase.resolutions import lenient_resolutions
@@ -85,7 +88,7 @@ def pins(requires_dist: list[str], requires_python: str, version: str, name: str
 # the matrix
 
 
-def _cell(o: rebase.Outcome, version: str) -> Cell:
+def _cell(o: outcome.Outcome, version: str) -> Cell:
     if o.action == Action.RECORDED:
         return Cell(Status.RECORDED, f"resolved (recorded for {o.how.split('/')[1] if '/' in o.how else version})", [o.how])
     details = list(o.hunks) or list(o.files)
@@ -168,9 +171,9 @@ def _classify(items: list[tuple]) -> list[Row]:
         done = {} if c["recheck"] else treecache.load_facts("outcomes", key)
         if "outcomes" in done:
             lenient_resolutions(c["root"], v)  # an unreadable folder says so, as when it was classified
-            outcomes = [rebase.Outcome(**d) for d in done["outcomes"]]
+            outcomes = [outcome.Outcome(**d) for d in done["outcomes"]]
         else:
-            outcomes = rebase.classify(sg, c["root"], c["old_base"], c["old_commits"], new_lock, onto, kind)
+            outcomes = classify.classify(sg, c["root"], c["old_base"], c["old_commits"], new_lock, onto, kind)
             treecache.save_facts("outcomes", key, {"outcomes": [asdict(o) for o in outcomes]})
         deps = pins(meta["requires_dist"], meta["requires_python"], v, lock.name)
         cells = {}
@@ -208,7 +211,7 @@ def _inputs(project_root: Path, project: Project, old_base: str, old_commits: li
     h.update((project_root / "series").read_bytes() + b"\0")
     for p in project.patches:
         h.update(p.name.encode() + b"\0" + p.data + b"\0")
-    res = project_root / rebase.RESOLUTIONS_DIR
+    res = project_root / outcome.RESOLUTIONS_DIR
     for f in sorted(res.rglob("*")) if res.is_dir() else []:
         if f.is_file():
             h.update(str(f.relative_to(res)).encode() + b"\0" + f.read_bytes() + b"\0")
@@ -253,7 +256,7 @@ def _run(project_root: Path, releases: str | None, jobs: int | None, recheck: bo
         sg = Git(Path(tmp))
         sg.run("init", "-q", "--bare")
         treecache.borrow(sg, cg)
-        old_commits = stack.build_chain(sg, project, old_base, progress=False)
+        old_commits = build.build_chain(sg, project, old_base, progress=False)
         _CTX.update(scratch=tmp, root=project_root, project=project, old_base=old_base, old_commits=old_commits, recheck=recheck,
                     inputs=_inputs(project_root, project, old_base, old_commits, sg))
         try:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from sglpatch import artifacts, pkgindex, treecache
+from sglpatch.upstream import artifacts, pkgindex, treecache
 from sglpatch.errors import SglpatchError
 from sglpatch.gitcmd import Git
 from sglpatch.series import PatchFile

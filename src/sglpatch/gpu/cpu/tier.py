@@ -15,9 +15,9 @@ import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-from sglpatch import pyenv
+from sglpatch.pythonenv import interpreter
 from sglpatch.gpu.shared import series_side
-from sglpatch.gpu.shared.procs import run_step, tail
+from sglpatch.gpu.shared.step_runner import run_step, tail
 from sglpatch.gpu.shared.profile import expand
 from sglpatch.gpu.shared.plan import Tier
 from sglpatch.gpu.shared.report import TierResult
@@ -38,7 +38,7 @@ def cpu_python(prof: dict, python: str | None, workdir: Path | None) -> tuple[st
 def _check_under_test(tier: Tier, mod: str, python: str, where: str, env: dict) -> bool:
     """Whether the module under test imports with python; else the tier's result says why (cannot run, or failed)."""
     tr = tier.result
-    st = pyenv.module_state(python, module=mod, env=env)
+    st = interpreter.module_state(python, module=mod, env=env)
     if st is None:
         tier.cannot_run(f"{python} does not run", f"{python} ({where}) does not run as a Python")
         return False
@@ -52,9 +52,9 @@ def _check_under_test(tier: Tier, mod: str, python: str, where: str, env: dict) 
         return False
     if st.lacks_dependencies:
         tree = st.tree or f"<the tree {mod} is installed from>"
-        cmd = pyenv.deps_command(python, tree, st.dist_version, pyenv.find_uv())
+        cmd = interpreter.deps_command(python, tree, st.dist_version, interpreter.find_uv())
         tier.cannot_run(f"{mod}'s dependencies missing in {python}",
-                    f"{mod} does not import with {python} ({where}): {pyenv.missing_summary(st)}; install them: {cmd}; "
+                    f"{mod} does not import with {python} ({where}): {interpreter.missing_summary(st)}; install them: {cmd}; "
                     "or build a complete new venv: scripts/apply.sh --venv NEWDIR")
         return False
     tr.fail(f"{mod} does not import with {python} ({where}): {st.error}")
@@ -88,7 +88,7 @@ class CpuTier(Tier):
         # the interpreter holding the INSTALLED patched sglang is handed over in
         # SGLPATCH_PATCHED_PYTHON for the patch tests' `patched_python` fixture to use.
         self.runner = expand(cfg.get("pytest_python") or sys.executable)
-        has_pytest = pyenv.module_state(self.runner, module="pytest", timeout=60)
+        has_pytest = interpreter.module_state(self.runner, module="pytest", timeout=60)
         if has_pytest is None or not has_pytest.ok:
             return self.cannot_run("no pytest", f"the test runner {self.runner} has no pytest: "
                                    f"{self.runner} -m pip install 'pytest>=8'")

@@ -1,10 +1,10 @@
 """`sglpatch doctor`, checks 2 and 3: the Python that serves, and the driver and toolkits (the JIT
-kernels that include flashinfer's headers built for the target: sglpatch.jitcheck).
+kernels that include flashinfer's headers built for the target: sglpatch.pythonenv.jit_kernels).
 
 Each function turns facts into one `Check`; the facts come from a child run of the serving
 interpreter (`probe.py`, so its start-up files count), from `served.imported_sglang`
 (which sglang, which patches its workdir carries: the series side's status), and from the box
-(nvidia-smi through `sglpatch.preflight`'s rules, /dev/shm, /proc/meminfo).
+(nvidia-smi through `sglpatch.pythonenv.preflight`'s rules, /dev/shm, /proc/meminfo).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sglpatch import jitcheck, preflight
+from sglpatch.pythonenv import jit_kernels, preflight
 from sglpatch.gpu.shared.served import pcie_ipc_server
 
 PROBE = Path(__file__).with_name("probe.py")
@@ -223,11 +223,11 @@ def check_nvcc(info: dict, rows: list, exe: str) -> Check:
 
 def check_jit(python: str, env: dict, arch: str, workdir: str | None, run: bool = True) -> Check:
     """The JIT kernels of the served sglang that include flashinfer's headers, built for the target's
-    arch in the serving interpreter (sglpatch.jitcheck, compile only); a failure's fix is the command
+    arch in the serving interpreter (sglpatch.pythonenv.jit_kernels, compile only); a failure's fix is the command
     that restores the flashinfer set `--with-flashinfer` replaced (recorded in the workdir)."""
     if not run:
         return Check("jit-kernels", "skip", "not run (--no-jit)")
-    v = jitcheck.run(python, arch, env)
+    v = jit_kernels.run(python, arch, env)
     if v.state != "fail":
         return Check("jit-kernels", v.state, v.text)
     from sglpatch.gpu.shared.series_side import flashinfer_way_back

@@ -29,11 +29,13 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from sglpatch import exitcodes, jitcheck, preflight
+from sglpatch import exitcodes
+from sglpatch.pythonenv import jit_kernels, preflight
+from sglpatch.argtypes import positive
 from sglpatch.errors import SglpatchError, say
 from sglpatch.gpu.doctor import checks as dc
 from sglpatch.gpu.doctor import gpu as dg
-from sglpatch.gpu.doctor import procs as dp
+from sglpatch.gpu.doctor import gpu_holders as dp
 from sglpatch.gpu.shared import topology
 from sglpatch.gpu.shared.profile import expand, find_project_root, load_profile, resolve_profile_path
 from sglpatch.gpu.shared.report import TierResult
@@ -57,7 +59,7 @@ class Box:
     p2p_timeout: float = 20.0
     p2p_start_timeout: float = 180.0
     p2p: bool = True
-    jit: bool = True  # build the JIT kernels that include flashinfer headers (sglpatch.jitcheck)
+    jit: bool = True  # build the JIT kernels that include flashinfer headers (sglpatch.pythonenv.jit_kernels)
     reapers: frozenset = dp.REAPER_PIDS  # the PIDs that adopt orphans (a subreaper's too, where one runs)
 
     def smi(self) -> str | None:
@@ -143,7 +145,7 @@ def run_doctor(python: str, prof: dict, project: Path, box: Box | None = None, e
     launch_args = [str(a) for a in (prof.get("server") or {}).get("launch_args", [])]
     add(dc.check_sglang(served), dc.check_torch(info, bool(rows)), *dc.check_kernels(info, served),
         dc.check_env(info, env, prof.get("env") or {}), dc.check_traps(info.get("env") or env, launch_args, klass))
-    arch = str((prof.get("target") or {}).get("cuda_arch") or jitcheck.ARCH)
+    arch = str((prof.get("target") or {}).get("cuda_arch") or jit_kernels.ARCH)
     add(dc.check_driver(info, rows, exe), dc.check_nvcc(info, rows, exe),
         dc.check_jit(python, env, arch, served.get("workdir"), box.jit), dc.check_shm(box.shm),
         dc.check_memlock(info), dc.check_build_jobs(info, dc.meminfo(box.proc_root)))
@@ -215,7 +217,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--python", help="the interpreter that serves (default: the profile's [server] python, else this one)")
     p.add_argument("--profile", help="targets/NAME.toml or NAME: its [env], [server] and [model] are compared")
     p.add_argument("--project", help="the sglpatch checkout (series, targets/; default: found from cwd)")
-    p.add_argument("--json", metavar="FILE", help="also write every check as JSON")
+    p.add_argument("--json", metavar="FILE", help="also write every check as JSON to FILE ('-': standard output, after the lines)")
     p.add_argument("--kill-stale", action="store_true", help="end the stale SGLang / torch workers (parent gone, "
                    "holding a GPU) first: process group, then PID; asks unless --yes")
     p.add_argument("--yes", action="store_true", help="with --kill-stale: do not ask")
@@ -223,7 +225,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--nvidia-smi", metavar="PATH", help="the nvidia-smi to run (default: the one on PATH)")
     p.add_argument("--no-p2p", action="store_true", help="skip the P2P copy test")
     p.add_argument("--no-jit", action="store_true", help="skip building the JIT kernels that include flashinfer headers")
-    p.add_argument("--p2p-timeout", type=float, default=20.0, metavar="S", help="deadline per GPU pair")
+    p.add_argument("--p2p-timeout", type=positive, default=20.0, metavar="SEC", help="deadline per GPU pair, in seconds")
     p.add_argument("--dev-glob", default="/dev/nvidia*", help=argparse.SUPPRESS)
     p.add_argument("--proc-root", default="/proc", help=argparse.SUPPRESS)
     p.add_argument("--shm", default="/dev/shm", help=argparse.SUPPRESS)
@@ -246,7 +248,9 @@ def run_args(args: argparse.Namespace) -> int:
               reapers=frozenset(int(x) for x in args.reapers.split(",") if x.strip().isdigit()))
     doc = run_doctor(serving_python(prof, args.python), prof, proj, box, kill_stale=args.kill_stale, yes=args.yes,
                      kernel_report=Path(args.kernel_report) if args.kernel_report else None)
-    if args.json:
+    if args.json == "-":
+        print(json.dumps(doc, indent=1, default=str))
+    elif args.json:
         try:
             Path(args.json).write_text(json.dumps(doc, indent=1, default=str) + "\n")
         except OSError as e:

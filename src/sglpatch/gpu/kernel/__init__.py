@@ -1,2 +1,2 @@
 """Tier kernel: the face and the launches (`tier`, `launch`), the report (`md`), the decision table (`decision`),
-and the worker under torchrun (`bench`, `python -m sglpatch.gpu.kernel.bench`, with its parts in `kbench/`)."""
+and the worker under torchrun (`bench`, `python -m sglpatch.gpu.kernel.bench`, with its parts in `microbench/`)."""

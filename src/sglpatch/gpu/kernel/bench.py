@@ -9,7 +9,7 @@ sglpatch's own dependencies, GitPython included, are not needed):
 
 It imports only the standard library and torch; every optional library (sglang, sgl_kernel,
 flashinfer, mscclpp) is imported inside its backend, guarded: a backend that does not import
-is listed under "absent" with the reason (the backends: sglpatch.gpu.kernel.kbench).
+is listed under "absent" with the reason (the backends: sglpatch.gpu.kernel.microbench).
 
 For every backend present and every size in --sizes (rows x --hidden, bf16) it measures the
 allreduce eager and captured in a CUDA graph (like SGLang's decode), and checks every output
@@ -29,7 +29,7 @@ so a launch that hangs or dies keeps what it measured; a step (set-up, one size 
 makes no progress for --step-timeout s ends the run with a HANG line (exit 3).
 
 --stress N instead: every non-NCCL backend, N allreduces eager and N as CUDA-graph replays, each
-result compared exactly with NCCL (sglpatch.gpu.kernel.kbench.stress).
+result compared exactly with NCCL (sglpatch.gpu.kernel.microbench.stress).
 """
 
 from __future__ import annotations
@@ -50,12 +50,13 @@ import statistics
 import time
 import traceback
 
-from sglpatch.gpu.kernel.kbench.backends import ALL_BACKENDS, backend_class
-from sglpatch.gpu.kernel.kbench.common import Ctx, Watchdog, gather, percentile, set_up_backend
-from sglpatch.gpu.kernel.kbench.hardware import cpu_info, hardware_info, nvlink_from_topo
-from sglpatch.gpu.kernel.kbench.measure import measure
-from sglpatch.gpu.kernel.kbench.stress import (STRESS_DEFAULT_SIZES, STRESS_SCHEMA, MismatchRing, group_plan,
-                                        merge_stress_ranks, parse_fault, run_stress, value_bound)
+from sglpatch.gpu.kernel.microbench.backends import ALL_BACKENDS, backend_class
+from sglpatch.gpu.kernel.microbench.common import Ctx, Watchdog, gather, percentile, set_up_backend
+from sglpatch.gpu.kernel.microbench.hardware import cpu_info, hardware_info, nvlink_from_topo
+from sglpatch.gpu.kernel.microbench.measure import measure
+from sglpatch.gpu.kernel.microbench.stress import (
+    STRESS_DEFAULT_SIZES, STRESS_SCHEMA, MismatchRing, group_plan, merge_stress_ranks, parse_fault, run_stress, value_bound,
+)
 
 # the names tests and older callers import from here
 __all__ = ["main", "percentile", "nvlink_from_topo", "merge_stress_ranks", "parse_fault", "value_bound",

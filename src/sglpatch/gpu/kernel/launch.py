@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 
 from sglpatch.gpu.kernel import pcie_tune
-from sglpatch.gpu.shared.procs import run_step, tail
+from sglpatch.gpu.shared.step_runner import run_step, tail
 from sglpatch.gpu.shared.profile import expand, usage_error
 
 SRC_ROOT = Path(__file__).resolve().parents[3]  # the folder holding the sglpatch package
@@ -63,7 +63,7 @@ def quick_sizes(prof: dict) -> list[int]:
 
 
 def worker_env(env: dict) -> dict:
-    """The worker imports sglpatch.gpu.kernel.kbench from this checkout (stdlib + torch only)."""
+    """The worker imports sglpatch.gpu.kernel.microbench from this checkout (stdlib + torch only)."""
     out = dict(env)
     out["PYTHONPATH"] = str(SRC_ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     out.setdefault("PYTHONUNBUFFERED", "1")

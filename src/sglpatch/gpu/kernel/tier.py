@@ -15,9 +15,9 @@ from sglpatch.gpu.kernel import decision, pcie_tune
 from sglpatch.gpu.kernel import launch as kernel_launch
 from sglpatch.gpu.shared import topology
 from sglpatch.gpu.kernel.launch import HANG_LINE, worker_env
-from sglpatch.gpu.kernel.md import hardware_line, kernel_markdown, stress_markdown  # noqa: F401 — re-exported
+from sglpatch.gpu.kernel.report_md import hardware_line, kernel_markdown, stress_markdown  # noqa: F401 — re-exported
 from sglpatch.gpu.shared.plan import Tier
-from sglpatch.gpu.shared.procs import ManagedProcess, tail
+from sglpatch.gpu.shared.step_runner import ManagedProcess, tail
 from sglpatch.gpu.shared.profile import usage_error
 from sglpatch.gpu.shared.report import TierResult
 

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from sglpatch.gpu.server.evidence import allreduce_backend
 from sglpatch.gpu.server.report import bench_metrics, num_requests, read_bench, read_verify_profile, served_summary
-from sglpatch.gpu.shared.procs import ManagedProcess, tail
+from sglpatch.gpu.shared.step_runner import ManagedProcess, tail
 from sglpatch.gpu.shared.profile import expand
 
 # =========================================================================== launch + health

@@ -24,7 +24,7 @@ def usage_error(msg: str) -> SglpatchError:
 
 
 DEFAULTS: dict = {
-    # cuda_arch: TVM_FFI_CUDA_ARCH_LIST for the doctor's JIT build check (sglpatch.jitcheck; None: 12.0)
+    # cuda_arch: TVM_FFI_CUDA_ARCH_LIST for the doctor's JIT build check (sglpatch.pythonenv.jit_kernels; None: 12.0)
     "target": {"name": "local", "description": "", "gpu_name": None, "gpus": None, "nvlink": None, "cuda_arch": None},
     "env": {},
     "cpu": {"python": None, "pytest_python": None, "tests": "tests/patches", "import_check": "sglang", "timeout_s": 1800,

@@ -64,16 +64,16 @@ def _not_importing(python: str, env: dict, error: str) -> dict:
     """sglang does not import. When it is installed and its own dependencies are what is missing,
     say so with the command that installs them (the cpu tier's), and name the tree (so what it
     carries, P5's adapter, can still be read from its files)."""
-    from sglpatch import pyenv
+    from sglpatch.pythonenv import interpreter
 
     out = {"python": python, "error": error}
-    st = pyenv.module_state(python, env=env)
+    st = interpreter.module_state(python, env=env)
     if st is None or not st.lacks_dependencies:
         return out
     tree = st.tree or "<the tree sglang is installed from>"
     out.update(missing=f"sglang {st.dist_version} is installed" + (f" (editable from {st.tree})" if st.tree else "")
-               + f" but does not import with {python}: {pyenv.missing_summary(st)}",
-               deps_command=pyenv.deps_command(python, tree, None, pyenv.find_uv()), sglang_version=st.dist_version)
+               + f" but does not import with {python}: {interpreter.missing_summary(st)}",
+               deps_command=interpreter.deps_command(python, tree, None, interpreter.find_uv()), sglang_version=st.dist_version)
     if st.tree and (Path(st.tree) / "sglang" / "__init__.py").is_file():
         out["sglang_file"] = str(Path(st.tree) / "sglang" / "__init__.py")
     return out
