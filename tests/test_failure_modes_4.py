@@ -22,7 +22,7 @@ import pytest
 
 import test_failure_modes as fm
 import test_venv_preflight as vp
-from conftest import ROOT, copy_project, git, make_venv
+from conftest import ROOT, copy_project, git, make_venv, terminal_sigint
 import sglpatch as sglpatch_pkg
 from sglpatch import exitcodes
 from sglpatch.pythonenv import preflight
@@ -87,7 +87,8 @@ def test_ctrl_c_after_the_build_wrote_the_version_file_leaves_the_tree_clean(cas
     env.pop("PYTHONUNBUFFERED", None)  # a minimal shell's: stdout to a pipe is block-buffered
     p = subprocess.Popen([sys.executable, "-m", "sglpatch.cli", "apply", "--project", str(case.project), "--workdir", str(case.fork),
                           "--source", "sdist", "--python", str(py), "--installer", "pip"],
-                         cwd=case.tmp, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True)
+                         cwd=case.tmp, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True,
+                         preexec_fn=terminal_sigint)  # Ctrl-C as from a terminal
     try:
         reached = Path(f"{barrier}.reached")
         deadline = time.monotonic() + 300
@@ -232,7 +233,7 @@ def test_ctrl_c_while_the_tool_venv_is_set_up_is_one_line_and_the_next_run_says_
     try:
         for run in (1, 2):
             p = subprocess.Popen(["bash", str(ROOT / "scripts" / "watch.sh"), "--help"], env=env, cwd=home, stdout=subprocess.PIPE,
-                                 stderr=subprocess.PIPE, text=True, start_new_session=True)
+                                 stderr=subprocess.PIPE, text=True, start_new_session=True, preexec_fn=terminal_sigint)
             deadline = time.monotonic() + 120
             while not (tv / "setup.log").exists() and p.poll() is None and time.monotonic() < deadline:
                 time.sleep(0.1)
