@@ -313,3 +313,13 @@ def loosen(repo: Path) -> None:
         for f in pack.parent.glob(f"{pack.stem}.*"):
             f.unlink()
         subprocess.run(["git", "unpack-objects", "-q"], cwd=repo, input=data, check=True)
+
+
+def terminal_sigint() -> None:
+    """preexec_fn for a child that a test sends Ctrl-C: SIGINT as in a terminal's foreground, also
+    when the suite itself runs in the background (a shell's `&` without job control ignores SIGINT
+    for everything it starts, and an ignored SIGINT is inherited across exec)."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})

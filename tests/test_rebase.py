@@ -21,10 +21,8 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT, copy_project, git, sglpatch
-from sglpatch.stack import build
-from sglpatch.stack.export import export
-from sglpatch.stack.status import status
-from sglpatch.series import read_series
+from sglpatch.stack import build, export, status
+from sglpatch.series import parse_patch, read_series
 
 TARGET = "0.5.10.post1"
 GATE = "python/sglang/srt/distributed/device_communicators/custom_all_reduce.py"
@@ -279,7 +277,7 @@ def test_upstream_detection_is_behavioural_not_textual(synth):
         from conftest import lock_0510
 
         onto = up.build_from_sdist(sg, lock_0510())
-        patch = build.parse_patch(P3, export.format_patch(g, p3))
+        patch = parse_patch(P3, export.format_patch(g, p3))
         ok, why = upstreamed._definitions_present(sg, onto, p3_parent, p3, patch)
         assert ok, why
         # same names, different behaviour: returns the head only -> not upstream

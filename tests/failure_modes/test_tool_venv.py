@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, copy_project
+from conftest import ROOT, copy_project, terminal_sigint
 import sglpatch as sglpatch_pkg
 from sglpatch import exitcodes
 from sglpatch.pythonenv import preflight
@@ -100,7 +100,7 @@ def test_ctrl_c_while_the_tool_venv_is_set_up_is_one_line_and_the_next_run_says_
     try:
         for run in (1, 2):
             p = subprocess.Popen(["bash", str(ROOT / "scripts" / "watch.sh"), "--help"], env=env, cwd=home, stdout=subprocess.PIPE,
-                                 stderr=subprocess.PIPE, text=True, start_new_session=True)
+                                 stderr=subprocess.PIPE, text=True, start_new_session=True, preexec_fn=terminal_sigint)
             deadline = time.monotonic() + 120
             while not (tv / "setup.log").exists() and p.poll() is None and time.monotonic() < deadline:
                 time.sleep(0.1)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, copy_project, git, make_venv
+from conftest import ROOT, copy_project, git, make_venv, terminal_sigint
 from sglpatch import exitcodes
 from failure_modes import world as fm
 from failure_modes.world import DEP3, DEV, P1_FILE, P2_FILE, ok, refused, snapshot
@@ -234,7 +234,8 @@ def test_ctrl_c_after_the_build_wrote_the_version_file_leaves_the_tree_clean(cas
     env.pop("PYTHONUNBUFFERED", None)  # a minimal shell's: stdout to a pipe is block-buffered
     p = subprocess.Popen([sys.executable, "-m", "sglpatch.cli", "apply", "--project", str(case.project), "--workdir", str(case.fork),
                           "--source", "sdist", "--python", str(py), "--installer", "pip"],
-                         cwd=case.tmp, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True)
+                         cwd=case.tmp, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True,
+                         preexec_fn=terminal_sigint)  # Ctrl-C as from a terminal
     try:
         reached = Path(f"{barrier}.reached")
         deadline = time.monotonic() + 300
