@@ -49,7 +49,7 @@ def test_lines_lists_each_line_with_its_pin_patches_upstream_and_driver():
 
 
 def test_cuda_of_reads_the_highest_major_a_requirement_names():
-    from sglpatch.lines_cli import cuda_of
+    from sglpatch.commands.lines import cuda_of
 
     assert cuda_of(["torch==2.9.1", "cuda-python==12.9"]) == (12, "cuda-python==12.9")
     assert cuda_of(["cuda-python==12.9", "flashinfer_python[cu13]==0.7.2"]) == (13, "flashinfer_python[cu13]==0.7.2")

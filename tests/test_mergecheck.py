@@ -15,7 +15,7 @@ import pytest
 from conftest import ROOT
 from sglpatch.upstream import artifacts, treecache
 from sglpatch.rebase import outcome, classify
-from sglpatch.stack.export import export
+from sglpatch.stack import export
 from sglpatch.gitcmd import Git
 from sglpatch.upstream.pin import read_lock
 

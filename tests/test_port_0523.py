@@ -73,7 +73,7 @@ def rebased(base_059, tmp_path_factory):
 
 
 def test_replay_is_unattended_and_the_result_checks(rebased):
-    from sglpatch.stack.status import status
+    from sglpatch.stack import status
     from sglpatch.series import read_series
 
     project, workdir, res = rebased

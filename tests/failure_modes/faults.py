@@ -78,7 +78,7 @@ def private_cache(c: Case, where: Path | None = None) -> Path:
 
 def index_listing(extra: list | None = None) -> list:
     """PEP 691 file entries: the two sdists with their real sha256 (served from the cache copies)."""
-    sha59 = read_lock(Path(__file__).resolve().parents[1]).sdist_sha256
+    sha59 = read_lock(Path(__file__).resolve().parents[2]).sdist_sha256
     files = [{"filename": "sglang-0.5.9.tar.gz", "url": "/files/sglang-0.5.9.tar.gz", "hashes": {"sha256": sha59}},
              {"filename": f"sglang-{T}.tar.gz", "url": f"/files/sglang-{T}.tar.gz", "hashes": {"sha256": SDIST_0510_SHA256}}]
     return files + (extra or [])
