@@ -279,6 +279,11 @@ def run_patched(patched_python, tmp_path_factory):
         close_zygote(zy)
 
 
+# fixed dates for the commits the tests make, so that exports compare byte for byte (set for the
+# whole run, as importing the failure-mode file did for every worker before it was split)
+os.environ.setdefault("GIT_AUTHOR_DATE", "2026-11-30T12:00:00+00:00")
+os.environ.setdefault("GIT_COMMITTER_DATE", "2026-11-30T12:00:00+00:00")
+
 def git(cwd: Path, *args: str, check: bool = True) -> str:
     """Plain git for test assertions (the code under test uses sglpatch.gitcmd)."""
     env = dict(os.environ, GIT_CONFIG_GLOBAL=os.devnull, GIT_CONFIG_NOSYSTEM="1")
