@@ -75,14 +75,6 @@ def add_json(p: argparse.ArgumentParser, what: str) -> None:
     p.add_argument("--json", metavar="FILE", help=f"also write {what} as JSON to FILE ('-': standard output, instead of the text)")
 
 
-def write_json(dest: str, text: str) -> None:
-    """--json FILE's writer: '-' is standard output."""
-    if dest == "-":
-        print(text)
-    else:
-        Path(dest).write_text(text + "\n")
-
-
 def add_report_dir(p: argparse.ArgumentParser, default: str, old: str | None = None) -> None:
     p.add_argument("--report-dir", metavar="DIR", help=f"where the report folder goes (default: {default})")
     if old:
