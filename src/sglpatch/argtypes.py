@@ -33,7 +33,7 @@ class _Deprecated(argparse.Action):
         if option_string not in _warned:
             _warned.add(option_string)
             print(f"sglpatch: warning: {option_string} is an old spelling of {self.new}; it still works, and will be removed", file=sys.stderr)
-        setattr(namespace, self.dest, self.const if self.nargs == 0 else values)
+        setattr(namespace, self.dest, values)
 
 
 def deprecated(p: argparse.ArgumentParser, old: str, new: str, dest: str, **kw) -> None:
