@@ -9,7 +9,9 @@
 #
 # The whole suite (what CI runs) in parallel: pytest-xdist with $SGLPATCH_TEST_JOBS workers
 # (default: cores + 1; 1 runs serially). --quick: only the unit and patch tests (the edit
-# loop; the slow end-to-end files, marked `slow` in tests/conftest.py, are left out).
+# loop; the slow end-to-end files, marked `slow` in tests/harness.py, are left out).
+# The files run heaviest first by tests/durations.json (this machine's figures win); after a
+# change that moves the time, rewrite it with a whole run: scripts/test.sh --write-durations
 # The tests keep their own cache ($SGLPATCH_TEST_CACHE, default beside the test venv), never
 # the user's ~/.cache/sglpatch.
 #

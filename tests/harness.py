@@ -3,9 +3,11 @@ the fixtures. What it does, and what each part saves:
 
 * **slow**: marks the end-to-end files (END_TO_END) `slow`; ``scripts/test.sh --quick`` leaves them out.
 * **scheduling** (``--dist loadfile --no-loadscope-reorder``, xdist's own): a file's tests on one
-  worker, the files heaviest first, by the wall seconds each test took in earlier runs (written by
-  this plugin to $SGLPATCH_TEST_CACHE/durations.json at the end of each run; a test never measured
-  counts UNMEASURED seconds). Nothing to keep up by hand.
+  worker, the files heaviest first, by the wall seconds each test took: tests/durations.json (kept
+  in the checkout, so that a fresh clone, CI's, starts in that order; rewritten by a whole run with
+  ``scripts/test.sh --write-durations``), overlaid by this machine's own figures (written by this
+  plugin to $SGLPATCH_TEST_CACHE/durations.json at the end of each run); a test measured nowhere
+  counts UNMEASURED seconds. Nothing to keep up by hand.
 * **CLI runs**: ``run_cli`` runs ``python -m sglpatch.cli`` as a child forked from a zygote that
   imported sglpatch.cli once (tests/zygote.py); ``run_cli_inproc`` calls ``sglpatch.cli.main`` in
   this process, for tests where nothing about a real process is under test. Same result shape.
@@ -62,17 +64,31 @@ def is_end_to_end(path: Path) -> bool:
 UNMEASURED = 1.0  # seconds a test counts before a run has measured it
 
 
+KEPT = TESTS / "durations.json"  # in the checkout: --write-durations rewrites it
+
+
 def durations_file() -> Path:
+    """This machine's figures, beside the test venv."""
     return Path(os.environ.get("SGLPATCH_TEST_CACHE", tempfile.gettempdir())) / "durations.json"
 
 
-def read_durations() -> dict:
-    """{nodeid: wall seconds (setup + call + teardown)} of earlier runs; {} when none or unreadable."""
+def _read(path: Path) -> dict:
     try:
-        got = json.loads(durations_file().read_text())
+        got = json.loads(path.read_text())
         return {k: float(v) for k, v in got.items()} if isinstance(got, dict) else {}
     except (OSError, ValueError, TypeError):
         return {}
+
+
+def read_durations() -> dict:
+    """{nodeid: wall seconds (setup + call + teardown)}: the checkout's figures, overlaid by this
+    machine's; {} when neither is there or readable."""
+    return dict(_read(KEPT), **_read(durations_file()))
+
+
+def pytest_addoption(parser):
+    parser.addoption("--write-durations", action="store_true",
+                     help=f"write this run's durations into {KEPT.relative_to(TESTS.parent)} (the order a fresh clone runs in)")
 
 
 def file_costs(items, durations: dict) -> dict:
@@ -108,16 +124,18 @@ def pytest_runtest_logreport(report):
         _MEASURED[report.nodeid] = _MEASURED.get(report.nodeid, 0.0) + report.duration
 
 
-def write_durations() -> None:
-    """Merge this run's durations into the file (a test this run did not run keeps its old figure)."""
+def write_durations(path: Path, pruned: bool = False) -> None:
+    """Merge this run's durations into path (a test this run did not run keeps its old figure;
+    pruned: not when its file is gone)."""
     if not _MEASURED or os.environ.get("SGLPATCH_TEST_CPU_ROOT") != str(os.getpid()):
         return
-    path = durations_file()
-    merged = dict(read_durations(), **{k: round(v, 3) for k, v in _MEASURED.items()})
+    merged = dict(_read(path), **{k: round(v, 1) for k, v in _MEASURED.items()})
+    if pruned:
+        merged = {k: v for k, v in merged.items() if k in _MEASURED or (TESTS.parent / k.split("::")[0]).is_file()}
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.{os.getpid()}")
-        tmp.write_text(json.dumps(merged, sort_keys=True, indent=0))
+        tmp.write_text(json.dumps(merged, sort_keys=True, indent=0) + "\n")
         os.replace(tmp, path)
     except OSError:
         pass
@@ -198,7 +216,8 @@ def _timed(phase: str):
             return
         c0, w0 = _cpu_now(), time.monotonic()
         yield
-        _cpu_log(id=item.nodeid, phase=phase, cpu=round(_cpu_now() - c0, 3), wall=round(time.monotonic() - w0, 3))
+        _cpu_log(id=item.nodeid, phase=phase, cpu=round(_cpu_now() - c0, 3), wall=round(time.monotonic() - w0, 3),
+                 end=round(time.time(), 1), worker=os.environ.get("PYTEST_XDIST_WORKER", "main"))
 
     return hook
 
@@ -208,7 +227,9 @@ pytest_runtest_setup, pytest_runtest_call, pytest_runtest_teardown = (_timed(p) 
 
 def pytest_sessionfinish(session):
     close_cli_zygotes()
-    write_durations()
+    write_durations(durations_file())
+    if session.config.getoption("write_durations"):
+        write_durations(KEPT, pruned=True)
     if CPU_LOG:  # each process's own total (collection and session teardowns included); xdist's
         # controller without its workers (they log their own)
         controller = not os.environ.get("PYTEST_XDIST_WORKER") and session.config.getvalue("dist") not in (None, "no")

@@ -1,0 +1,81 @@
+"""tests/harness.py's scheduling: the files run heaviest first by the durations kept in the checkout
+(tests/durations.json), overlaid by this machine's; `--write-durations` rewrites the kept file. The
+order is seen in a real pytest run under xdist (one worker, so the order is the worker's)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import harness
+
+TESTS = Path(__file__).resolve().parent
+
+
+def _suite(root: Path) -> None:
+    for name, n in (("test_a.py", 1), ("test_b.py", 2), ("test_c.py", 1)):
+        body = "".join(f"def test_{k}():\n    open({str(root / 'order')!r}, 'a').write(__file__.rsplit('/', 1)[1] + '\\n')\n"
+                       for k in range(n))
+        (root / name).write_text(body)
+
+
+def _run(root: Path, cache: Path, *args: str) -> list[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SGLPATCH_TEST_CPU", "PYTEST_"))}
+    env.update(SGLPATCH_TEST_CACHE=str(cache), PYTHONPATH=f"{TESTS}{os.pathsep}{env.get('PYTHONPATH', '')}")
+    (root / "order").unlink(missing_ok=True)
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "harness", "-n", "1",
+                        "--dist", "loadfile", "--no-loadscope-reorder", "--rootdir", str(root), str(root), *args],
+                       cwd=root, env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    return (root / "order").read_text().split()
+
+
+def test_files_run_heaviest_first_by_the_measured_durations(tmp_path):
+    root, cache = tmp_path / "suite", tmp_path / "cache"
+    root.mkdir()
+    _suite(root)
+    # unmeasured: 1 s a test, so b (two tests) first, then a and c by name
+    assert _run(root, cache) == ["test_b.py", "test_b.py", "test_a.py", "test_c.py"]
+    # the run wrote what it measured beside the test venv: every test, in seconds
+    got = json.loads((cache / "durations.json").read_text())
+    assert sorted(got) == [f"{f}::test_{k}" for f, k in (("test_a.py", 0), ("test_b.py", 0), ("test_b.py", 1), ("test_c.py", 0))]
+    # measured: c weighs 5 s, a 3 s, b 2 x 0.5 s
+    (cache / "durations.json").write_text(json.dumps({"test_a.py::test_0": 3, "test_b.py::test_0": 0.5,
+                                                      "test_b.py::test_1": 0.5, "test_c.py::test_0": 5}))
+    assert _run(root, cache) == ["test_c.py", "test_a.py", "test_b.py", "test_b.py"]
+
+
+def test_the_kept_figures_are_the_base_and_this_machines_win(tmp_path, monkeypatch):
+    kept, mine = tmp_path / "kept.json", tmp_path / "cache" / "durations.json"
+    mine.parent.mkdir()
+    monkeypatch.setattr(harness, "KEPT", kept)
+    monkeypatch.setenv("SGLPATCH_TEST_CACHE", str(mine.parent))
+    assert harness.read_durations() == {}
+    kept.write_text(json.dumps({"tests/x.py::a": 4, "tests/x.py::b": 2}))
+    mine.write_text(json.dumps({"tests/x.py::b": 7}))
+    assert harness.read_durations() == {"tests/x.py::a": 4.0, "tests/x.py::b": 7.0}
+    mine.write_text("not json")
+    assert harness.read_durations() == {"tests/x.py::a": 4.0, "tests/x.py::b": 2.0}
+
+
+def test_write_durations_merges_rounds_and_prunes_gone_files(tmp_path, monkeypatch):
+    kept = tmp_path / "kept.json"
+    here = "tests/test_harness.py::test_write_durations_merges_rounds_and_prunes_gone_files"
+    kept.write_text(json.dumps({"tests/gone.py::t": 1.0, "tests/test_layout.py::t": 2.0, here: 9.0}))
+    monkeypatch.setattr(harness, "_MEASURED", {here: 0.04321, "tests/failure_modes/test_series.py::t": 1.26})
+    monkeypatch.setenv("SGLPATCH_TEST_CPU_ROOT", str(os.getpid()))
+    harness.write_durations(kept, pruned=True)
+    assert json.loads(kept.read_text()) == {"tests/failure_modes/test_series.py::t": 1.3, "tests/test_layout.py::t": 2.0, here: 0.0}
+    assert kept.read_text().endswith("\n") and not list(tmp_path.glob(".kept.json.*"))
+    kept.write_text(json.dumps({"tests/gone.py::t": 1.0}))
+    harness.write_durations(kept)  # this machine's file: nothing pruned
+    assert json.loads(kept.read_text())["tests/gone.py::t"] == 1.0
+
+
+def test_the_kept_file_names_only_tests_that_exist():
+    kept = json.loads(harness.KEPT.read_text())
+    assert kept and all((TESTS.parent / k.split("::")[0]).is_file() for k in kept)
+    assert all(isinstance(v, (int, float)) and v >= 0 for v in kept.values())
