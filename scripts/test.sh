@@ -93,6 +93,8 @@ purelib() { "$1" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])";
 build_0523() {
   rm -rf "$VENV0523" && "$PY" -m venv "$VENV0523" || return 1
   purelib "$PY" > "$(purelib "$VENV0523/bin/python")/_sglpatch_parent.pth" || return 1
+  # pip, not uv: pip counts the main venv's packages (the .pth) as installed; uv would install
+  # a second torch (5.4 GB) for compressed-tensors
   "$VENV0523/bin/python" -m pip install -q --disable-pip-version-check -r requirements-test-0523.txt || return 1
   install_with_uv "$VENV0523/bin/python" --no-deps flashinfer-python==0.7.2 \
     || "$VENV0523/bin/python" -m pip install -q --disable-pip-version-check --no-deps flashinfer-python==0.7.2

@@ -1,7 +1,8 @@
 """The test harness: a pytest plugin (loaded by tests/conftest.py's ``pytest_plugins``), apart from
 the fixtures. What it does, and what each part saves:
 
-* **slow**: marks the end-to-end files (END_TO_END) `slow`; ``scripts/test.sh --quick`` leaves them out.
+* **slow**: marks the end-to-end files (END_TO_END) `slow`; ``scripts/test.sh --quick`` leaves them out,
+  and the tests marked `slow` in other files (a whole nvcc build).
 * **scheduling** (``--dist loadfile --no-loadscope-reorder``, xdist's own): a file's tests on one
   worker, the files heaviest first, by the wall seconds each test took: tests/durations.json (kept
   in the checkout, so that a fresh clone, CI's, starts in that order; rewritten by a whole run with
@@ -41,9 +42,9 @@ TESTS = Path(__file__).resolve().parent
 
 END_TO_END = {
     "failure_modes/", "test_apply_cli.py", "test_cli_first_contact.py", "test_doctor.py",
-    "test_kernel_candidates.py", "test_kernel_stress.py", "test_port_0523.py", "test_rebase.py", "test_regress_ab.py",
+    "test_kernel_candidates.py", "test_kernel_pcie_ipc_tier.py", "test_kernel_stress.py", "test_port_0523.py", "test_rebase.py", "test_regress_ab.py",
     "test_regress_server.py", "test_scripts_fresh_shell.py", "test_stack.py", "test_venv_preflight.py", "test_watch.py",
-    "test_jitcheck.py",
+    "test_jitcheck.py", "test_lines.py",
     # real installs, applies from the cache and rebase faults too (1.6 min -> 5 min for --quick with them in)
     "test_flashinfer_set.py", "test_install_wheel_tree.py", "test_rebase_tree_check.py",
     "test_unpack.py", "test_line_context.py",

@@ -200,6 +200,7 @@ def test_the_kernels_that_include_flashinfer_are_the_ones_jitcheck_builds(kernel
         assert [(k["module"], k["function"]) for k in kernels] == [("sglang.jit_kernel.rope", "_jit_apply_rope_pos_ids_cos_sin_cache_module")]
 
 
+@pytest.mark.slow  # a whole nvcc build of each kernel (20+ CPU-s): --quick leaves it out
 def test_with_p6_each_kernel_builds_for_sm120_with_the_sets_flashinfer(build):
     version = flashinfer_version()
     for r in build("series", version):
@@ -223,6 +224,7 @@ def test_without_p6_the_sets_flashinfer_fails_on_fastdiv(build):
         assert not any(i.endswith(tuple(CCCL)) for i in r["includes"]), r["includes"]
 
 
+@pytest.mark.slow  # a whole nvcc build of each kernel (20+ CPU-s): --quick leaves it out
 def test_with_p6_flashinfer_0_6_3_headers_build_as_before(build):
     """0.5.9's own flashinfer has no data/cccl: the include list is what it was, and it builds."""
     for r in build("series", OLD):
