@@ -131,13 +131,17 @@ def jitcheck_cli(box: dict, py: str, *args: str) -> subprocess.CompletedProcess:
                           env=env, timeout=900, cwd=box["top"])
 
 
-def test_the_module_alone_pass_and_fail(applied, box):
+def test_the_module_alone_pass_and_fail(applied, box, monkeypatch, capsys):
     """`python -m sglpatch.pythonenv.jit_kernels`: exit 0 and the built line; exit 1 and the line naming the
-    kernel, nvcc's first error and the way back given; 125 without nvcc."""
-    ok = jitcheck_cli(box, applied["series"]["py"], "--arch", "12.0")
-    assert ok.returncode == 0 and ok.stdout.splitlines() == [
-        f"jit-kernels: {ROPE} built for sm_120 with flashinfer-python 0.7.2 and nvcc {nvcc_release()} (compile only, no GPU)"], \
-        ok.stdout + ok.stderr
+    kernel, nvcc's first error and the way back given; 125 without nvcc. The passing build is apply's
+    above (the same child, tree and arch: 25 CPU-s again); here main() hands --python and --arch on and
+    maps its verdict to exit 0, in this process."""
+    ok = jit_kernels.Verdict("ok", f"{ROPE} built for sm_100 with flashinfer-python 0.7.2 (compile only, no GPU)")
+    asked = []
+    monkeypatch.setattr(jit_kernels, "run", lambda py, arch: asked.append((py, arch)) or ok)
+    assert jit_kernels.main(["--python", applied["series"]["py"], "--arch", "10.0", "--way-back", "x"]) == 0
+    assert asked == [(applied["series"]["py"], "10.0")] and capsys.readouterr().out == f"jit-kernels: {ok.text}\n"
+    monkeypatch.undo()
     bad = jitcheck_cli(box, applied["minus-p6"]["py"], "--way-back", "uv pip install flashinfer-python==0.6.3")
     assert bad.returncode == 1 and bad.stdout.splitlines() == [
         f"jit-kernels: {ROPE} does not build for sm_120 with flashinfer-python 0.7.2 and nvcc {nvcc_release()}: {FASTDIV}; "
