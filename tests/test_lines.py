@@ -66,7 +66,7 @@ def test_an_unknown_line_is_a_usage_error_naming_those_there_are(tmp_path):
 
 
 def _scratch(path: Path) -> Path:
-    venv.EnvBuilder(with_pip=True).create(path)
+    venv.EnvBuilder(with_pip=False).create(path)  # uv installs: no pip needed
     return path / "bin" / "python"
 
 
@@ -116,6 +116,7 @@ def test_both_lines_side_by_side_in_a_fresh_clone(clone):
     home.mkdir()
     env = {"HOME": str(home)}
     base_env = {k: v for k, v in os.environ.items() if k != "SGLANG_FORK_DIR"}
+    base_env["PATH"] = f"{Path(sys.executable).parent}:{base_env['PATH']}"  # the test venv's uv, as an activated venv has it
 
     def run(*args):
         return run_cli(list(args), dict(base_env, **env), co, 900)
@@ -124,11 +125,11 @@ def test_both_lines_side_by_side_in_a_fresh_clone(clone):
     serve, scratch = _scratch(top / "serve"), _scratch(top / "scratch")
     fork, fork_line = home / "sglang-fork", home / f"sglang-fork-{LINE}"
     # the serving venv on the primary (the README's first command)
-    res = run("apply", "--source", "sdist", "--python", str(serve), "--installer", "pip")
+    res = run("apply", "--source", "sdist", "--python", str(serve), "--installer", "uv")  # as the user installs
     assert res.returncode == 0, res.stderr[-3000:]
     assert _origin(serve) == str(fork / "python" / "sglang" / "__init__.py")
     # the 0.5.23 line into the scratch venv: its own workdir, the checkout untouched
-    res = run("apply", "--line", LINE, "--source", "sdist", "--python", str(scratch), "--installer", "pip")
+    res = run("apply", "--line", LINE, "--source", "sdist", "--python", str(scratch), "--installer", "uv")
     assert res.returncode == 0, res.stderr[-3000:]
     names = read_series(co / "lines" / LINE).names
     assert f"installed sglang {LINE} editable from {fork_line / 'python'} into {scratch}" in res.stdout
@@ -164,7 +165,7 @@ def test_both_lines_side_by_side_in_a_fresh_clone(clone):
     fix = re.search(r"Build it in a workdir of its own: `([^`]+)`", rb.stderr).group(1)
     own = f"{fork}-0.5.10.post1"
     assert fix == f"sglpatch apply --workdir {own} --no-install && sglpatch rebase --onto 0.5.10.post1 --workdir {own}"
-    shell_env = dict(base_env, PATH=f"{Path(sys.executable).parent}:{base_env['PATH']}", **env)
+    shell_env = dict(base_env, **env)
     done = subprocess.run(["bash", "-c", fix], cwd=co, capture_output=True, text=True, env=shell_env, timeout=1200)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     assert git(co, "status", "--porcelain") == "?? lines/0.5.10.post1/" and git(fork, "rev-parse", "patched") == head
