@@ -1,19 +1,20 @@
 """An sdist's tree id worked out from the tarball (sglpatch.upstream.unpack) and the workdir fetching that
 tree from the tree cache instead of extracting the sdist (sglpatch.upstream.treecache.lend), on the real
-0.5.9 and 0.5.10.post1 sdists with real git: the same commit as an extraction, and a cache that
+0.5.9 and 0.5.10.post1 sdists (and the 0.5.23 line's wheel) with real git: the same commit as an extraction, and a cache that
 lies (another tree bound to the sdist, an object whose content is not its id) changes nothing."""
 
 from __future__ import annotations
 
 import io
 import tarfile
+import zipfile
 import zlib
 from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, git, lock_0510, loosen
-from sglpatch.upstream import treecache, unpack
+from conftest import ROOT, cache_lock, git, lock_0510, loosen
+from sglpatch.upstream import artifacts, treecache, unpack
 from sglpatch.upstream import materialize as up
 from sglpatch.errors import SglpatchError
 from sglpatch.gitcmd import Git
@@ -219,3 +220,84 @@ def test_an_sdist_that_is_no_gzipped_tar_is_one_line(tmp_path, sdist_059, damage
     with pytest.raises(artifacts.ArtifactError, match=r"not a readable sdist \(gzip'd tar file\)"):
         with artifacts.readable(bad):
             unpack.sdist_tree(bad, "python")
+
+
+# --------------------------------------------------------------------------------------
+# a wheel (the 0.5.23 line's upstream): the same, its sglang/ files as extract_wheel writes them
+
+LINE_0523 = read_lock(ROOT / "lines" / "0.5.23")
+
+
+def wheel_0523() -> Path:
+    with cache_lock():
+        return artifacts.fetch(LINE_0523.name, LINE_0523.version, "wheel", expect_sha256=LINE_0523.sdist_sha256)[1]
+
+
+def wheel(tmp: Path, members: list) -> Path:
+    """A zip of (name, bytes, mode) members, a wheel's dist-info and a file beside sglang/."""
+    path = tmp / "sglang-1-py3-none-any.whl"
+    with zipfile.ZipFile(path, "w") as zf:
+        for name, data, mode in [*members, ("sglang-1.dist-info/RECORD", b"r\n", 0o644), ("other.py", b"o\n", 0o644)]:
+            info = zipfile.ZipInfo(name)
+            info.external_attr = mode << 16
+            zf.writestr(info, data)
+    return path
+
+
+def wheel_extracted(whl: Path, tmp: Path) -> str:
+    repo = Git(tmp / "repo")
+    repo.workdir.mkdir()
+    repo.run("init", "-q")
+    artifacts.extract_wheel(whl, tmp / "tree" / "python")
+    return repo.tree_of(unpack.commit_tree(repo, tmp / "tree", "x\n"))
+
+
+def test_wheel_modes_duplicates_and_left_out_files_as_git_commits_them(tmp_path, recwarn):
+    whl = wheel(tmp_path, [("sglang/run.sh", b"#!/bin/sh\n", 0o100750), ("sglang/a.py", b"x\n", 0o100600),
+                           ("sglang/sub/", b"", 0o40755), ("sglang/a.py", b"the later one wins\n", 0o100644),
+                           ("sglang/a-b", b"sorts before a/\n", 0o100644), ("sglang/a/x", b"x", 0o100644)])
+    tree = unpack.wheel_tree(whl, "python")
+    assert tree == wheel_extracted(whl, tmp_path)
+    listing = git(tmp_path / "repo", "ls-tree", "-r", tree)
+    assert "100755 blob" in next(line for line in listing.splitlines() if line.endswith("python/sglang/run.sh"))
+    assert "dist-info" not in listing and "other.py" not in listing and "sub" not in listing
+
+
+@pytest.mark.parametrize("member, why", [
+    (("sglang/../evil", b"x", 0o100644), "leaves the tree"),
+    (("sglang/evil", b"/etc", 0o120777), "is a link; refusing"),
+])
+def test_the_wheel_tree_id_refuses_what_extraction_refuses(tmp_path, member, why):
+    whl = wheel(tmp_path, [("sglang/__init__.py", b"", 0o100644), member])
+    for fn in (lambda: unpack.wheel_tree(whl, "python"), lambda: artifacts.extract_wheel(whl, tmp_path / "x")):
+        with pytest.raises(SglpatchError, match=why):
+            fn()
+
+
+def test_a_wheel_shape_the_model_does_not_cover_has_no_id(tmp_path):
+    whl = wheel(tmp_path, [("sglang/a", b"a file", 0o100644), ("sglang/a/b", b"and a folder of that name", 0o100644)])
+    assert unpack.wheel_tree(whl, "python") is None
+
+
+def test_a_wheel_workdir_fetches_the_tree_once_the_cache_holds_it(tmp_path, monkeypatch, capfd):
+    """A wheel-only release (the 0.5.23 line): unpacked into the cache once, then fetched from
+    it; the same commit as an extraction, whose tree is the id worked out from the wheel."""
+    whl = wheel_0523()
+    monkeypatch.setenv("SGLPATCH_CACHE", str(tmp_path / "cache"))
+    (tmp_path / "cache" / "wheel").mkdir(parents=True)
+    (tmp_path / "cache" / "wheel" / whl.name).write_bytes(whl.read_bytes())
+    name = LINE_0523.sdist_filename
+    capfd.readouterr()
+    repo, commit = build(tmp_path / "w", LINE_0523)
+    err = capfd.readouterr().err
+    assert f"unpacking {name} into the tree cache (once)" in err
+    assert f"taking the tree of {name} from the tree cache" in err and "extracting" not in err
+    repo2, commit2 = build(tmp_path / "w2", LINE_0523)
+    err = capfd.readouterr().err
+    assert "unpacking" not in err and f"taking the tree of {name} from the tree cache" in err
+    assert loose_and_packed(repo2)[0] == 1  # the commit; the tree's files came in one pack
+    monkeypatch.setattr(treecache, "lend", lambda *a: False)
+    _, commit3 = build(tmp_path / "w3", LINE_0523)
+    assert f"extracting sglang/ of {name} under python/" in capfd.readouterr().err
+    assert commit == commit2 == commit3 and repo2.tree_of(commit2) == unpack.wheel_tree(whl, "python")
+    assert repo2.run("fsck", "--no-dangling", "--connectivity-only") == ""

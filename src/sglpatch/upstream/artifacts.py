@@ -179,26 +179,32 @@ def readable(path: Path):
         ) from None
 
 
+def wheel_members(zf: zipfile.ZipFile, path: Path):
+    """(member, executable) of the wheel's sglang/ files, the repository files: dist-info and
+    anything outside sglang/ are not. Refuses a member that leaves the tree or is a link."""
+    for info in zf.infolist():
+        name = info.filename
+        parts = name.split("/")
+        if parts[0] != "sglang" or name.endswith("/"):
+            continue
+        if name.startswith("/") or ".." in parts or "\\" in name:
+            raise ArtifactError(f"{path.name}: member {name!r} leaves the tree")
+        mode = (info.external_attr >> 16) & 0o170777
+        if mode & 0o170000 == 0o120000:
+            raise ArtifactError(f"{path.name}: member {name!r} is a link; refusing")
+        yield info, bool(mode & 0o111)
+
+
 def extract_wheel(path: Path, dest: Path) -> None:
-    """The wheel's sglang/ package under dest/sglang (dest is the tree's python/ folder);
-    dist-info and anything outside sglang/ are not repository files."""
+    """The wheel's sglang/ package under dest/sglang (dest is the tree's python/ folder)."""
     with readable(path), zipfile.ZipFile(path) as zf:
-        for info in zf.infolist():
-            name = info.filename
-            parts = name.split("/")
-            if parts[0] != "sglang" or name.endswith("/"):
-                continue
-            if name.startswith("/") or ".." in parts or "\\" in name:
-                raise ArtifactError(f"{path.name}: member {name!r} leaves the tree")
-            mode = (info.external_attr >> 16) & 0o170777
-            if mode & 0o170000 == 0o120000:
-                raise ArtifactError(f"{path.name}: member {name!r} is a link; refusing")
-            out = dest / name
+        for info, executable in wheel_members(zf, path):
+            out = dest / info.filename
             out.parent.mkdir(parents=True, exist_ok=True)
             with zf.open(info) as src, open(out, "wb") as f:
                 while chunk := src.read(1 << 20):
                     f.write(chunk)
-            os.chmod(out, 0o755 if mode & 0o111 else 0o644)
+            os.chmod(out, 0o755 if executable else 0o644)
 
 
 def version_py_commit(text: str) -> str:

@@ -30,7 +30,7 @@ from sglpatch.gitcmd import Git, last_line, validate_ref, validate_url
 from sglpatch.upstream import artifacts, pkgindex, treecache
 from sglpatch.upstream.cachedir import cache_dir
 from sglpatch.upstream.pin import UNKNOWN_COMMIT, Lock, LockError
-from sglpatch.upstream.unpack import commit_tree, commits_match, sdist_tree, safe_extract
+from sglpatch.upstream.unpack import commit_tree, commits_match, safe_extract, sdist_tree, wheel_tree
 from sglpatch.workdir import UPSTREAM_BRANCH, pin_key, scratch_dir
 
 PIN_TRAILER = "Sglpatch-Pin"
@@ -82,10 +82,19 @@ def build_from_sdist(git: Git, lock: Lock, python: str | None = None) -> str:
 
 
 def build_from_wheel(git: Git, lock: Lock, python: str | None = None) -> str:
-    """The wheel's sglang/ under python/sglang/: exactly the files the wheel ships, minus dist-info."""
+    """The wheel's sglang/ under python/sglang/: exactly the files the wheel ships, minus dist-info.
+    From the tree cache when it holds the very tree the wheel makes (as for an sdist), else
+    extracted here. The same commit either way."""
     art, path = artifacts.fetch(lock.name, lock.version, "wheel", python, expect_sha256=lock.sdist_sha256)
     if art.filename != lock.sdist_filename:
         raise LockError(f"upstream.lock: field sdist.filename is {lock.sdist_filename} but the index's wheel is {art.filename}")
+    recorded = artifacts.recorded_commit(path)
+    if recorded and lock.commit != UNKNOWN_COMMIT and not commits_match(recorded, lock.commit):
+        raise LockError(f"upstream.lock: field upstream.commit ({lock.commit}) does not match the wheel's _version.py commit ({recorded})")
+    with artifacts.readable(path):
+        tree = wheel_tree(path, lock.sdist_subdir)
+    if tree and treecache.lend(git, "wheel", path, lock.sdist_sha256, lock.sdist_subdir, tree):
+        return git.commit_tree(tree, _registry_message(lock, "wheel", "sglang/ extracted"))
     with tempfile.TemporaryDirectory(prefix=tmp_prefix("wheel"), dir=scratch_dir(git)) as tmp:
         root = Path(tmp)
         say(f"extracting sglang/ of {path.name} under {lock.sdist_subdir}/")
@@ -93,9 +102,6 @@ def build_from_wheel(git: Git, lock: Lock, python: str | None = None) -> str:
             artifacts.extract_wheel(path, root / lock.sdist_subdir)
         except OSError as e:
             raise SglpatchError(f"cannot extract {path.name} into {git.workdir}: {e.strerror}; free space there and re-run") from None
-        recorded = artifacts.recorded_commit(path)
-        if recorded and lock.commit != UNKNOWN_COMMIT and not commits_match(recorded, lock.commit):
-            raise LockError(f"upstream.lock: field upstream.commit ({lock.commit}) does not match the wheel's _version.py commit ({recorded})")
         return _registry_commit(git, root, lock, "wheel", "sglang/ extracted")
 
 

@@ -1,11 +1,12 @@
-"""A registry sdist as a git tree: extracted into a folder (what ``git add`` then commits), or the
-id of that tree worked out from the tarball alone, writing nothing.
+"""A registry sdist or wheel as a git tree: extracted into a folder (what ``git add`` then commits),
+or the id of that tree worked out from the file alone, writing nothing.
 
 Both read the tarball's members the same way (one top-level folder; no links and nothing leaving
 it, refused; PKG-INFO and the top ``*.egg-info/`` left out, as build artifacts), so the id is the
-id of the tree an extraction commits. A tree of that id is this sdist's tree, wherever it comes
-from: git checks every object it receives against its id. The tree cache (sglpatch.upstream.treecache)
-serves it to workdirs that way instead of extracting the sdist again.
+id of the tree an extraction commits; a wheel's, its sglang/ files as ``artifacts.extract_wheel``
+writes them. A tree of that id is this artifact's tree, wherever it comes from: git checks every
+object it receives against its id. The tree cache (sglpatch.upstream.treecache) serves it to
+workdirs that way instead of extracting the artifact again.
 """
 
 from __future__ import annotations
@@ -17,10 +18,12 @@ import os
 import re
 import shutil
 import tarfile
+import zipfile
 from pathlib import Path
 
 from sglpatch.errors import SglpatchError
 from sglpatch.gitcmd import Git
+from sglpatch.upstream.artifacts import wheel_members
 from sglpatch.workdir import scratch_dir
 
 VERSION_COMMIT_RE = re.compile(r"commit_id\s*=\s*['\"]g?([0-9a-f]+)['\"]")
@@ -160,6 +163,16 @@ def sdist_tree(tarball: Path, subdir: str) -> tuple[str | None, str]:
                 commit = version_commit(data.decode("utf-8", "replace"))
             t.file(parts, bool(m.mode & 0o111), data)
     return t.id(), commit
+
+
+def wheel_tree(wheel: Path, subdir: str) -> str | None:
+    """The id of the tree an extraction of the wheel's sglang/ under subdir/ commits, reading the
+    wheel only (refusing what extract_wheel refuses); None for a shape the model does not cover."""
+    t = _Tree()
+    with zipfile.ZipFile(wheel) as zf:
+        for info, executable in wheel_members(zf, wheel):
+            t.file([subdir, *info.filename.split("/")], executable, zf.read(info))
+    return t.id()
 
 
 def commit_tree(git: Git, tree_root: Path, message: str) -> str:
