@@ -7,6 +7,8 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
+import types
 
 import pytest
 
@@ -97,3 +99,18 @@ def test_tmpdir_is_read_from_the_childs_environment(tmp_path):
     finally:
         z.close()
     assert got.stdout == f"{mine}\n", got.stderr
+
+
+def test_a_status_line_read_with_the_pid_line_is_not_waited_for():
+    """A child that ends at once: its status line can come in the same read as its pid line. It is
+    taken from what was read, not waited for on the emptied pipe (that waited out the timeout and
+    then killed a pid that was gone)."""
+    r, w = os.pipe()
+    os.write(w, b"pid 1\nstatus 0 0.000\n")
+    z = zygote.Zygote.__new__(zygote.Zygote)
+    z.proc, z._buf = types.SimpleNamespace(stdout=os.fdopen(r, "rb", buffering=0)), b""
+    t0 = time.monotonic()
+    assert z._line() == "pid 1" and z._line(timeout=2) == "status 0 0.000" and time.monotonic() - t0 < 1
+    assert z._line(timeout=0.2) is None  # nothing more: the timeout
+    os.close(w)
+    assert z._line() == ""  # its end

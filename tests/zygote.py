@@ -12,6 +12,7 @@ on the rebased tree). SGLPATCH_TEST_NO_ZYGOTE=1 runs each as its own ``python -c
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import select
@@ -92,8 +93,9 @@ class Zygote:
         self.python, self.folder = str(python), folder
         self.cpu = 0.0  # CPU seconds of the children (not in this process's RUSAGE_CHILDREN)
         self.proc = subprocess.Popen([self.python, "-c", SERVER, *preload], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=subprocess.DEVNULL, env=env, cwd=folder, text=True)
-        first = self.proc.stdout.readline().strip()
+                                     stderr=subprocess.DEVNULL, env=env, cwd=folder, bufsize=0)
+        self._buf = b""
+        first = self._line()
         if first != "ready":  # a thread started by an import: forking is not safe
             self.close()
             raise RuntimeError(f"zygote not ready: {first!r}")
@@ -108,15 +110,15 @@ class Zygote:
         umask = os.umask(0o022)
         os.umask(umask)  # the caller's, as a child of its own would inherit it
         req = {"code": code, "env": env, "cwd": str(cwd), "out": str(out), "err": str(err), "argv": argv, "umask": umask}
-        self.proc.stdin.write(json.dumps(req) + "\n")
-        self.proc.stdin.flush()
-        pid = int(self.proc.stdout.readline().split()[1])
-        deadline = time.monotonic() + timeout
-        killed = False
-        if not select.select([self.proc.stdout], [], [], max(0.0, deadline - time.monotonic()))[0]:
-            os.kill(pid, signal.SIGKILL)  # as subprocess.run does on its timeout
-            killed = True
-        _, code_s, cpu = self.proc.stdout.readline().split()
+        self.proc.stdin.write((json.dumps(req) + "\n").encode())
+        pid = int(self._line().split()[1])
+        status = self._line(timeout)
+        killed = status is None
+        if killed:
+            with contextlib.suppress(ProcessLookupError):  # it may have ended just now
+                os.kill(pid, signal.SIGKILL)  # as subprocess.run does on its timeout
+            status = self._line()
+        _, code_s, cpu = status.split()
         self.cpu += float(cpu)
         stdout, stderr = out.read_text(errors="replace"), err.read_text(errors="replace")
         out.unlink()
@@ -125,6 +127,20 @@ class Zygote:
         if killed:
             raise subprocess.TimeoutExpired(args, timeout, stdout, stderr)
         return subprocess.CompletedProcess(args, int(code_s), stdout, stderr)
+
+    def _line(self, timeout: float | None = None) -> str | None:
+        """The zygote's next line ("" at its end); None when timeout seconds pass first. Read from the
+        pipe itself: a line already read with the one before would not wake a select on the pipe."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while b"\n" not in self._buf:
+            if deadline is not None and not select.select([self.proc.stdout], [], [], max(0.0, deadline - time.monotonic()))[0]:
+                return None
+            chunk = os.read(self.proc.stdout.fileno(), 4096)
+            if not chunk:
+                break
+            self._buf += chunk
+        line, _, self._buf = self._buf.partition(b"\n")
+        return line.decode().strip()
 
     def close(self) -> None:
         self.proc.stdin.close()
