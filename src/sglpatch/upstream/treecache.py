@@ -3,10 +3,10 @@
 Each verified registry artifact (sdist or wheel) is unpacked once into a bare cache repository
 as a commit, ref ``refs/sglpatch/trees/<artifact sha256>``; the watch and dry runs borrow its
 objects read-only (``objects/info/alternates``) instead of extracting tens of thousands of
-files again. The tree is the one ``upstream.build_registry`` commits (same extraction), so a
+files again. The tree is the one ``materialize.build_registry`` commits (same extraction), so a
 dry run classifies exactly what a real rebase would see. An apply or a real rebase fetches an
-sdist's tree from here into its workdir (``lend``) when it is the tree the sdist makes, its id
-worked out from the verified file (``sglpatch.upstream.unpack``).
+sdist's or a wheel's tree from here into its workdir (``lend``) when it is the tree the file
+makes, its id worked out from the verified file (``sglpatch.upstream.unpack``).
 
 Facts about a tree or a blob that are costly to find and never change (git objects are
 immutable) are kept next to it, in ``facts/<kind>/<object id>.json`` under the cache repo.
