@@ -42,6 +42,12 @@ class Context:
         """The line the workdir's upstream pin holds (None: none, or not set up)."""
         return lines.held_by(self.project, self.workdir)
 
+    def tree_line(self) -> tuple[lines.Line, lines.Line | None]:
+        """(the line a command on the tree as it is acts on, the line it holds): --line's when given,
+        else the one the tree holds (a line's commits and status are that line's, never another's),
+        else the context's."""
+        held = self.held()
+        return (held if held and not self.line_given else self.line), held
 
     def source(self, given: str, url: str | None = None, timeout: float = 8.0, onto: tuple[str, str] | None = None) -> str:
         """given (git, sdist, wheel; registry is `sdist`, which every consumer takes as the registry's

@@ -19,10 +19,8 @@ def register(p) -> None:
 
 def run(args) -> int:
     ctx = cliargs.ctx(args)
-    line, wd = ctx.line, ctx.workdir
-    held = ctx.held()  # a line's commits go to that line's files, never to another's
-    if held and held.root != line.root and not args.line:
-        line = held  # without --line: the line the tree holds (export.export checks the pin against its lock)
+    wd = ctx.workdir
+    line, _ = ctx.tree_line()  # export.export checks the tree's pin against that line's lock
     print(f"sglpatch: export: {ctx.named(line)}, workdir {wd}", file=sys.stderr, flush=True)
     try:
         res = export.export(line.root, wd)

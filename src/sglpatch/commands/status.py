@@ -16,8 +16,7 @@ def register(p) -> None:
 
 def run(args) -> int:
     ctx = cliargs.ctx(args)
-    line, wd = ctx.line, ctx.workdir
-    held = ctx.held()
-    print("\n".join(status.status((held if held and not args.line else line).root, wd)))  # without --line: the one it holds
+    line, held = ctx.tree_line()
+    print("\n".join(status.status(line.root, ctx.workdir)))
     print(lines.status_line(held))
     return 0
