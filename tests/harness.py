@@ -170,7 +170,8 @@ def built_once(tmp_path_factory, name: str, key: str = ""):
 
 # --------------------------------------------------------------------------------------
 # the CPU log: SGLPATCH_TEST_CPU_LOG=FILE appends one JSON line per test phase (CPU seconds of this
-# process and the children it waited for, and wall seconds), one per worker for its whole run, and
+# process and the children it waited for, wall seconds, and when it ended on which worker: how busy
+# the cores were over the run), one per worker for its whole run, and
 # prints the top 15 tests and the files by CPU at the end. scripts/test.sh sets it
 # (sglpatch-test-cpu.jsonl in the test venv, emptied each run). Load-independent, unlike --durations.
 

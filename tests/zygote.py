@@ -93,7 +93,7 @@ class Zygote:
         self.python, self.folder = str(python), folder
         self.cpu = 0.0  # CPU seconds of the children (not in this process's RUSAGE_CHILDREN)
         self.proc = subprocess.Popen([self.python, "-c", SERVER, *preload], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=subprocess.DEVNULL, env=env, cwd=folder, bufsize=0)
+                                     stderr=subprocess.DEVNULL, env=env, cwd=folder)  # stdout: read by _line only
         self._buf = b""
         first = self._line()
         if first != "ready":  # a thread started by an import: forking is not safe
@@ -111,6 +111,7 @@ class Zygote:
         os.umask(umask)  # the caller's, as a child of its own would inherit it
         req = {"code": code, "env": env, "cwd": str(cwd), "out": str(out), "err": str(err), "argv": argv, "umask": umask}
         self.proc.stdin.write((json.dumps(req) + "\n").encode())
+        self.proc.stdin.flush()
         pid = int(self._line().split()[1])
         status = self._line(timeout)
         killed = status is None
@@ -130,7 +131,8 @@ class Zygote:
 
     def _line(self, timeout: float | None = None) -> str | None:
         """The zygote's next line ("" at its end); None when timeout seconds pass first. Read from the
-        pipe itself: a line already read with the one before would not wake a select on the pipe."""
+        pipe's file descriptor (the buffered reader is never used): a line already read with the one
+        before would not wake a select on the pipe."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while b"\n" not in self._buf:
             if deadline is not None and not select.select([self.proc.stdout], [], [], max(0.0, deadline - time.monotonic()))[0]:
