@@ -83,6 +83,20 @@ if ! install_with_uv "$PY" -r requirements-test.txt -e ".[dev]"; then
   [ -n "${SGLPATCH_TEST_PIP:-}" ] || echo "test.sh: uv could not install them; pip instead" >&2
   "$PY" -m pip install -q --disable-pip-version-check --no-compile -r requirements-test.txt -e ".[dev]"
 fi
+# Bytecode: compiled once, for what the suite imports, into one folder beside the test venv.
+# With PYTHONDONTWRITEBYTECODE set (CI sets it) each of the suite's thousand Python processes
+# would compile what it imports again (sglang's modules in the workdirs, src/, and whatever the
+# venvs hold that was not compiled). Compiling the venvs whole at install took 31 CPU-s (13,000
+# files) for the few thousand imported. PYTHONPYCACHEPREFIX keeps the .pyc files out of the
+# checkout and the tests' trees; those of earlier runs' temporary trees are removed first.
+if [ -n "${VENV:-}" ]; then
+  export PYTHONPYCACHEPREFIX="$VENV/pycache"
+  unset PYTHONDONTWRITEBYTECODE
+  TMPROOT="$(cd "${TMPDIR:-/tmp}" && pwd -P)"
+  [ "$TMPROOT" = / ] || rm -rf "$PYTHONPYCACHEPREFIX$TMPROOT"
+else
+  "$PY" -m compileall -q src >/dev/null || true
+fi
 # The second venv, for the tests on SGLang 0.5.23's own modules (tests/real_0523, run by
 # tests/test_port_0523.py): 0.5.23's pins (requirements-test-0523.txt, flashinfer-python 0.7.2
 # --no-deps) over the main venv's packages (torch 2.14.1 through a .pth file). Built once; rebuilt
@@ -97,7 +111,9 @@ build_0523() {
   # a second torch (5.4 GB) for compressed-tensors
   "$VENV0523/bin/python" -m pip install -q --disable-pip-version-check --no-compile -r requirements-test-0523.txt || return 1
   install_with_uv "$VENV0523/bin/python" --no-deps flashinfer-python==0.7.2 \
-    || "$VENV0523/bin/python" -m pip install -q --disable-pip-version-check --no-compile --no-deps flashinfer-python==0.7.2
+    || "$VENV0523/bin/python" -m pip install -q --disable-pip-version-check --no-compile --no-deps flashinfer-python==0.7.2 \
+    || return 1
+  "$VENV0523/bin/python" -c "import transformers, flashinfer, tvm_ffi" >/dev/null 2>&1 || true  # compiled once (above)
 }
 build_or_skip_0523() {
   if build_0523; then
@@ -123,19 +139,11 @@ if [ "$(cat "$VENV0523/.sglpatch-reqs" 2>/dev/null)" != "$REQS0523" ]; then
   fi
 fi
 export SGLPATCH_TEST_VENV_0523="$VENV0523"
-# Bytecode: compiled once, for what the suite imports, into one folder beside the test venv.
-# With PYTHONDONTWRITEBYTECODE set (CI sets it) each of the suite's thousand Python processes
-# would compile what it imports again (sglang's modules in the workdirs, src/, and whatever the
-# venvs hold that was not compiled). Compiling the venvs whole at install took 31 CPU-s (13,000
-# files) for the few thousand imported. PYTHONPYCACHEPREFIX keeps the .pyc files out of the
-# checkout and the tests' trees; those of earlier runs' temporary trees are removed first.
-if [ -n "${VENV:-}" ]; then
-  export PYTHONPYCACHEPREFIX="$VENV/pycache"
-  unset PYTHONDONTWRITEBYTECODE
-  TMPROOT="$(cd "${TMPDIR:-/tmp}" && pwd -P)"
-  [ "$TMPROOT" = / ] || rm -rf "$PYTHONPYCACHEPREFIX$TMPROOT"
-else
-  "$PY" -m compileall -q src >/dev/null || true
+# what every worker imports first, compiled by one process before they start (three workers
+# compiling torch at once cost 12 CPU-s), while the 0.5.23 venv builds; that venv's own at the end of its build
+if [ -n "${PYTHONPYCACHEPREFIX:-}" ]; then
+  echo "test.sh: compiling what the tests import first (torch, transformers) into $PYTHONPYCACHEPREFIX" >&2
+  "$PY" -c "import torch, torch.distributed.run, numpy, transformers, pytest, xdist, sglpatch.cli" >/dev/null 2>&1 || true
 fi
 # the venv's tools (uv, black, sglpatch) on PATH, as an activated venv would have them
 export PATH="$(dirname "$(command -v "$PY")"):$PATH"
