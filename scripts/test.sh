@@ -75,27 +75,13 @@ install_with_uv() {  # install_with_uv PYTHON ARGS...: non-zero when uv is not t
   [ -x "$UV" ] || "$PY" -m pip install -q --disable-pip-version-check uv==0.13.9 >/dev/null 2>&1 || return 1
   [ -x "$UV" ] || return 1
   mapfile -t cfg < <(uv_pip_config) || return 1
-  # no --compile-bytecode: what the tests import is compiled once, into $PYTHONPYCACHEPREFIX (below)
-  "$UV" pip install -q --python "$into" --index-strategy unsafe-best-match "${cfg[@]}" "$@"
+  # --compile-bytecode: the tests run with PYTHONDONTWRITEBYTECODE set, as here; pip compiles too
+  "$UV" pip install -q --python "$into" --compile-bytecode --index-strategy unsafe-best-match "${cfg[@]}" "$@"
 }
 echo "test.sh: installing test requirements into $PY (no-op when present; the first time takes minutes)" >&2
 if ! install_with_uv "$PY" -r requirements-test.txt -e ".[dev]"; then
   [ -n "${SGLPATCH_TEST_PIP:-}" ] || echo "test.sh: uv could not install them; pip instead" >&2
-  "$PY" -m pip install -q --disable-pip-version-check --no-compile -r requirements-test.txt -e ".[dev]"
-fi
-# Bytecode: compiled once, for what the suite imports, into one folder beside the test venv.
-# With PYTHONDONTWRITEBYTECODE set (CI sets it) each of the suite's thousand Python processes
-# would compile what it imports again (sglang's modules in the workdirs, src/, and whatever the
-# venvs hold that was not compiled). Compiling the venvs whole at install took 31 CPU-s (13,000
-# files) for the few thousand imported. PYTHONPYCACHEPREFIX keeps the .pyc files out of the
-# checkout and the tests' trees; those of earlier runs' temporary trees are removed first.
-if [ -n "${VENV:-}" ]; then
-  export PYTHONPYCACHEPREFIX="$VENV/pycache"
-  unset PYTHONDONTWRITEBYTECODE
-  TMPROOT="$(cd "${TMPDIR:-/tmp}" && pwd -P)"
-  [ "$TMPROOT" = / ] || rm -rf "$PYTHONPYCACHEPREFIX$TMPROOT"
-else
-  "$PY" -m compileall -q src >/dev/null || true
+  "$PY" -m pip install -q --disable-pip-version-check -r requirements-test.txt -e ".[dev]"
 fi
 # The second venv, for the tests on SGLang 0.5.23's own modules (tests/real_0523, run by
 # tests/test_port_0523.py): 0.5.23's pins (requirements-test-0523.txt, flashinfer-python 0.7.2
@@ -109,11 +95,9 @@ build_0523() {
   purelib "$PY" > "$(purelib "$VENV0523/bin/python")/_sglpatch_parent.pth" || return 1
   # pip, not uv: pip counts the main venv's packages (the .pth) as installed; uv would install
   # a second torch (5.4 GB) for compressed-tensors
-  "$VENV0523/bin/python" -m pip install -q --disable-pip-version-check --no-compile -r requirements-test-0523.txt || return 1
+  "$VENV0523/bin/python" -m pip install -q --disable-pip-version-check -r requirements-test-0523.txt || return 1
   install_with_uv "$VENV0523/bin/python" --no-deps flashinfer-python==0.7.2 \
-    || "$VENV0523/bin/python" -m pip install -q --disable-pip-version-check --no-compile --no-deps flashinfer-python==0.7.2 \
-    || return 1
-  "$VENV0523/bin/python" -c "import transformers, flashinfer, tvm_ffi" >/dev/null 2>&1 || true  # compiled once (above)
+    || "$VENV0523/bin/python" -m pip install -q --disable-pip-version-check --no-deps flashinfer-python==0.7.2
 }
 build_or_skip_0523() {
   if build_0523; then
@@ -139,12 +123,9 @@ if [ "$(cat "$VENV0523/.sglpatch-reqs" 2>/dev/null)" != "$REQS0523" ]; then
   fi
 fi
 export SGLPATCH_TEST_VENV_0523="$VENV0523"
-# what every worker imports first, compiled by one process before they start (three workers
-# compiling torch at once cost 12 CPU-s), while the 0.5.23 venv builds; that venv's own at the end of its build
-if [ -n "${PYTHONPYCACHEPREFIX:-}" ]; then
-  echo "test.sh: compiling what the tests import first (torch, transformers) into $PYTHONPYCACHEPREFIX" >&2
-  "$PY" -c "import torch, torch.distributed.run, numpy, transformers, pytest, xdist, sglpatch.cli" >/dev/null 2>&1 || true
-fi
+# the tool's bytecode, written once: with PYTHONDONTWRITEBYTECODE set (CI sets it) each of the
+# suite's hundreds of `python -m sglpatch...` processes would compile src/ again (~0.2 CPU-s each)
+"$PY" -m compileall -q src >/dev/null || true
 # the venv's tools (uv, black, sglpatch) on PATH, as an activated venv would have them
 export PATH="$(dirname "$(command -v "$PY")"):$PATH"
 # --durations: the slowest tests at the end of the log, where the CI time goes; and by CPU
