@@ -229,3 +229,14 @@ def test_verdict_is_batch_1s_where_batch_sizes_disagree(tmp_path, b1_tokens, b4_
     lines = proc.stdout.splitlines()
     assert "  break-even accept length (batch 1): 2.46 (= cycle 30.00 ms / baseline 12.2 ms)" in lines
     assert [ln for ln in lines if ln.startswith("  verdict")] == [verdict]
+
+
+def test_cli_json_to_a_file_and_into_a_missing_folder(known_file, tmp_path):
+    """--json FILE writes the same document as --json - prints, after the text; a folder that is not
+    there is one line naming the option and the reason, nothing half-written."""
+    proc = _cli(known_file, "--json", tmp_path / "s.json", "--accept-length", "3")
+    assert proc.returncode == 0 and "verdict (batch 1):" in proc.stdout, proc.stderr
+    assert json.loads((tmp_path / "s.json").read_text()) == json.loads(_cli(known_file, "--json", "-", "--accept-length", "3").stdout)
+    bad = tmp_path / "no" / "s.json"
+    proc = _cli(known_file, "--json", bad)
+    assert (proc.returncode, proc.stderr.strip()) == (1, f"sglpatch: error: --json {bad}: No such file or directory")

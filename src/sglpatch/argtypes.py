@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
+
+from sglpatch.errors import SglpatchError
 
 
 def positive(text: str) -> float:
@@ -39,3 +42,15 @@ class _Deprecated(argparse.Action):
 def deprecated(p: argparse.ArgumentParser, old: str, new: str, dest: str, **kw) -> None:
     """old as a hidden alias of new (same dest), warning once when used."""
     p.add_argument(old, action=_Deprecated, new=new, dest=dest, help=argparse.SUPPRESS, **kw)
+
+
+def write_json(dest: str, text: str) -> None:
+    """A --json value: '-' prints text to standard output, else it is written to the file dest
+    (one line when it cannot be: a missing folder, no permission)."""
+    if dest == "-":
+        print(text)
+        return
+    try:
+        Path(dest).write_text(text + "\n")
+    except OSError as e:
+        raise SglpatchError(f"--json {dest}: {e.strerror or e}") from None

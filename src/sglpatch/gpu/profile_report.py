@@ -28,7 +28,7 @@ import math
 import sys
 from pathlib import Path
 
-from sglpatch.argtypes import positive
+from sglpatch.argtypes import positive, write_json
 from sglpatch.errors import SglpatchError
 
 DEFAULT_BASELINE_STEP_MS = 12.2
@@ -304,9 +304,5 @@ def run(args) -> int:
     if args.json != "-":
         print(format_text(str(args.file), summary, preds))
     if args.json:
-        text = json.dumps({"file": str(args.file), "summary": summary, "predictions": preds}, indent=2)
-        if args.json == "-":
-            print(text)
-        else:
-            Path(args.json).write_text(text + "\n")
+        write_json(args.json, json.dumps({"file": str(args.file), "summary": summary, "predictions": preds}, indent=2))
     return 0

@@ -31,7 +31,7 @@ from pathlib import Path
 
 from sglpatch import exitcodes
 from sglpatch.pythonenv import jit_kernels, preflight
-from sglpatch.argtypes import positive
+from sglpatch.argtypes import positive, write_json
 from sglpatch.errors import SglpatchError, say
 from sglpatch.gpu.doctor import checks as dc
 from sglpatch.gpu.doctor import gpu as dg
@@ -248,13 +248,8 @@ def run_args(args: argparse.Namespace) -> int:
               reapers=frozenset(int(x) for x in args.reapers.split(",") if x.strip().isdigit()))
     doc = run_doctor(serving_python(prof, args.python), prof, proj, box, kill_stale=args.kill_stale, yes=args.yes,
                      kernel_report=Path(args.kernel_report) if args.kernel_report else None)
-    if args.json == "-":
-        print(json.dumps(doc, indent=1, default=str))
-    elif args.json:
-        try:
-            Path(args.json).write_text(json.dumps(doc, indent=1, default=str) + "\n")
-        except OSError as e:
-            raise SglpatchError(f"--json {args.json}: {e.strerror}") from None
+    if args.json:
+        write_json(args.json, json.dumps(doc, indent=1, default=str))
     return doc["exit_code"]
 
 
