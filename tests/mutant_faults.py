@@ -68,6 +68,10 @@ SM120_FLAG = "_is_sm120_supported = _is_cuda and get_platform().is_sm120\n"
 SM120_FLAG_BLACKWELL = (SM120_FLAG, SM120_FLAG.replace("get_platform().is_sm120", "get_platform().is_blackwell"))
 SM120_FLAG_120_ONLY = (SM120_FLAG, SM120_FLAG.replace("get_platform().is_sm120", "get_platform().device_sm == 120"))
 
+VERDICT_OVERALL = ('            if bs1["accept_length"] >= rec["break_even_accept_length"]:\n',
+                   '            if rec["accept_length"] >= rec["break_even_accept_length"]:\n')
+VERDICT_ADVICE = ('"(better drafter) or cut verify time, else disable speculation"', '"(better drafter) or cut verify time"')
+
 MUTANTS: dict[str, list[Mutant]] = {
     "0.5.23": [
         Mutant("p4-hook-above-hosts-draft", "P4", "rule", "the profiling hook moved above the lines that set _hosts_draft/_draft_worker",
@@ -76,6 +80,11 @@ MUTANTS: dict[str, list[Mutant]] = {
                "speculative/eagle_worker_v2.py", [("accept_lens=lambda out: out.accept_lens,", "accept_lens=lambda out: out.accept_len,")], [P4_0523]),
         Mutant("p4-env-name-misspelt", "P4", "name", "env name misspelt in environ.py: SGLANG_VERIFY_PROFILE_INTERVALS",
                "environ.py", [("    SGLANG_VERIFY_PROFILE_INTERVAL = ", "    SGLANG_VERIFY_PROFILE_INTERVALS = ")], [P4_0523]),
+        # issue 39: the profiler's own verdict line, on this line's copy of spec_profiler.py
+        Mutant("p4-0523-verdict-overall-accept", "P4", "default", "the profiler's verdict compares the overall accept length, not batch 1's",
+               "speculative/spec_profiler.py", [VERDICT_OVERALL], [P4_0523]),
+        Mutant("p4-0523-verdict-advice-cut", "P4", "verdict", "the profiler's SLOWER verdict no longer advises disabling speculation",
+               "speculative/spec_profiler.py", [VERDICT_ADVICE], [P4_0523]),
         Mutant("p1-gate-removed", "P1", "rule", "the SM120 gate pass no longer run (model_hook.py)",
                "arg_groups/model_hook.py", [("    run_post_process_pass(server_args, _flashinfer_allreduce_fusion_sm120_gate)\n", "")], [P1_0523]),
         Mutant("p1-pcie-ipc-rule-inverted", "P1", "rule", "the PCIe-IPC rule inverted: the fusion yields when PCIe-IPC is off",
@@ -156,14 +165,12 @@ MUTANTS: dict[str, list[Mutant]] = {
                                    '                "To use the fusion on SM120, install "\n')], [P1]),
         # issue 39: the verdict sentence the profiler itself logs (not sglpatch profile-report's)
         Mutant("p4-verdict-overall-accept", "P4", "default", "the profiler's verdict compares the overall accept length, not batch 1's",
-               "speculative/spec_profiler.py", [('            if bs1["accept_length"] >= rec["break_even_accept_length"]:\n',
-                                                 '            if rec["accept_length"] >= rec["break_even_accept_length"]:\n')], [P4_VERDICT]),
+               "speculative/spec_profiler.py", [VERDICT_OVERALL], [P4_VERDICT]),
         Mutant("p4-verdict-says-overall-accept", "P4", "verdict", "the profiler's verdict names the overall accept length as batch 1's",
                "speculative/spec_profiler.py", [("f\"batch 1: accept len {bs1['accept_length']:.2f}, break-even accept \"",
                                                  "f\"batch 1: accept len {rec['accept_length']:.2f}, break-even accept \"")], [P4_VERDICT]),
         Mutant("p4-verdict-advice-cut", "P4", "verdict", "the profiler's SLOWER verdict no longer advises disabling speculation",
-               "speculative/spec_profiler.py", [('"(better drafter) or cut verify time, else disable speculation"',
-                                                 '"(better drafter) or cut verify time"')], [P4_VERDICT]),
+               "speculative/spec_profiler.py", [VERDICT_ADVICE], [P4_VERDICT]),
         Mutant("p4-read-before-extend-done", "P4", "ordering", "a cycle is read once its verify event completed, before its extend event",
                "speculative/spec_profiler.py", [POLL_READY], [P4]),
         Mutant("p4-overflow-drops-newest", "P4", "ordering", "a full queue of unfinished cycles drops the newest, not the oldest",

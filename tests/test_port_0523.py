@@ -148,7 +148,7 @@ def test_p1_p4_on_sglang_0523_modules(real_0523):
     passed = [ln for ln in proc.stdout.splitlines() if ln.startswith("PASSED")]
     for name in ("test_sm120_gate_through_server_args", "test_workspace_precheck_on_gpus_without_multicast",
                  "test_startup_line_names_the_decode_path", "test_allreduce_dispatch_with_pcie_ipc_on_and_off",
-                 "test_on_times_real_worker_cycles", "test_off_wraps_nothing"):
+                 "test_on_times_real_worker_cycles", "test_off_wraps_nothing", "test_profiler_logs_the_verdict_sentence_exactly"):
         assert any(name in ln for ln in passed), f"{name} did not run: {proc.stdout[-3000:]}"
 
 

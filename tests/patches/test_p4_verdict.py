@@ -2,95 +2,32 @@
 SGLANG_VERIFY_PROFILE_INTERVAL cycles (issue 39), not only the one `sglpatch profile-report` prints
 (tests/test_profile_report.py).
 
-The patched spec_profiler runs in the patched venv through its public marks (begin_cycle,
-end_draft, end_verify, end_cycle) with an exact clock as its event source (event_factory=, the
-same injection the lag test uses): each cycle takes 1 / 17 / 2 ms (draft / verify / extend) unless
-a case says otherwise, so every number in the line is known. Each line is asserted whole, on both
-sides of the break-even (accept length 1.75 and 2.25 against 20 ms / 10 ms = 2.00), with batch 1
-and the other batch sizes pulling the overall accept length the other way.
+The patched spec_profiler runs in the patched venv, driven by tests/p4_verdict_cases.py (the
+cases, the exact clock and every expected line; the 0.5.23 line's test runs the same ones). Each
+line is asserted whole.
 """
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
-BODY = r"""
-import json, logging
+from p4_verdict_cases import EXPECTED
+
+CODE = f"""
+import json, sys
+sys.path.insert(0, {str(Path(__file__).resolve().parents[1])!r})
+import p4_verdict_cases
 import sglang.srt.speculative.spec_profiler as sp
-
-class Clock:
-    now = 0.0
-class Event:  # a timing event on an exact clock, complete once recorded
-    def record(self, stream=None): self.t = Clock.now
-    def query(self): return True
-    def elapsed_time(self, end): return end.t - self.t
-
-class Capture(logging.Handler):
-    def __init__(self):
-        super().__init__(logging.DEBUG); self.got = []
-    def emit(self, record):
-        self.got.append([record.levelname, record.getMessage()])
-cap = Capture(); sp.logger.addHandler(cap); sp.logger.setLevel(logging.DEBUG)
-
-out = {}
-for name, baseline, phases, batches in json.loads(CASES):
-    p = sp.SpecCycleProfiler(interval=len(batches), baseline_step_ms=baseline, event_factory=Event, timer_name="exact")
-    cap.got.clear()
-    for i, accept_lens in enumerate(batches):
-        Clock.now = 1000.0 * i
-        p.begin_cycle(); Clock.now += phases[0]
-        p.end_draft(); Clock.now += phases[1]
-        p.end_verify(accept_lens); Clock.now += phases[2]
-        p.end_cycle()
-    out[name] = list(cap.got)
-print(json.dumps(out))
+print(json.dumps(p4_verdict_cases.run_cases(sp)))
 """
-
-PHASES = [1.0, 17.0, 2.0]  # a 20 ms cycle: break-even 2.00 against a 10 ms step
-CASES = [
-    ("above", 10.0, PHASES, [[2], [2], [2], [3]]),  # batch 1 commits 2.25 tokens a cycle
-    ("below", 10.0, PHASES, [[2], [2], [2], [1]]),  # 1.75
-    ("batch1_below_overall_above", 10.0, PHASES, [[2], [4, 4, 4, 4], [1], [4, 4, 4, 4]]),  # 1.50, overall 3.50
-    ("batch1_above_overall_below", 10.0, PHASES, [[3], [1, 1, 1, 1], [3], [1, 1, 1, 1]]),  # 3.00, overall 1.40
-    ("no_batch1", 10.0, PHASES, [[2, 3], [2, 3]]),
-    ("users_cycle", 12.2, [1.0, 28.0, 1.0], [[2]]),  # the user's 30 ms cycle against 82 tok/s
-]
-
-BEATS = "speculation beats the baseline"
-SLOWER = ("speculation is SLOWER than the baseline: raise the accept length (better drafter) or cut verify time, "
-          "else disable speculation")
-PHASE_PART = "draft 1.00/1.00, verify 17.00/17.00, extend 2.00/2.00, cycle 20.00/20.00; verify 85% of cycle"
-
-
-def line(cycles: int, phases: str, stats: str, verdict: str) -> list:
-    return ["INFO", f"Spec cycle profile [eagle] over {cycles} cycles (median/p90 ms): {phases}; {stats}; {verdict}."]
-
-
-EXPECTED = {
-    "above": line(4, PHASE_PART, "mean batch 1.00, accept len 2.25, 112.5 tok/s per request, 112.5 tok/s throughput",
-                  f"batch 1: accept len 2.25, break-even accept len 2.00 vs 10 ms/step (100.0 tok/s): {BEATS}"),
-    "below": line(4, PHASE_PART, "mean batch 1.00, accept len 1.75, 87.5 tok/s per request, 87.5 tok/s throughput",
-                  f"batch 1: accept len 1.75, break-even accept len 2.00 vs 10 ms/step (100.0 tok/s): {SLOWER}"),
-    "batch1_below_overall_above": line(
-        4, PHASE_PART, "mean batch 2.50, accept len 3.50, 175.0 tok/s per request, 437.5 tok/s throughput",
-        f"batch 1: accept len 1.50, break-even accept len 2.00 vs 10 ms/step (100.0 tok/s): {SLOWER}"),
-    "batch1_above_overall_below": line(
-        4, PHASE_PART, "mean batch 2.50, accept len 1.40, 70.0 tok/s per request, 175.0 tok/s throughput",
-        f"batch 1: accept len 3.00, break-even accept len 2.00 vs 10 ms/step (100.0 tok/s): {BEATS}"),
-    "no_batch1": line(2, PHASE_PART, "mean batch 2.00, accept len 2.50, 125.0 tok/s per request, 250.0 tok/s throughput",
-                      "no batch-1 cycles, so no break-even against the 10 ms/step single-stream baseline"),
-    "users_cycle": line(1, "draft 1.00/1.00, verify 28.00/28.00, extend 1.00/1.00, cycle 30.00/30.00; verify 93% of cycle",
-                        "mean batch 1.00, accept len 2.00, 66.7 tok/s per request, 66.7 tok/s throughput",
-                        f"batch 1: accept len 2.00, break-even accept len 2.46 vs 12.2 ms/step (82.0 tok/s): {SLOWER}"),
-}
 
 
 @pytest.fixture(scope="module")
 def logged(run_patched):
-    code = f"CASES = {json.dumps(json.dumps(CASES))}\n" + BODY
-    proc = run_patched(code, timeout=240)
+    proc = run_patched(CODE, timeout=240)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 

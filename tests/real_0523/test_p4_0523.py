@@ -121,3 +121,17 @@ def test_events_completing_late_or_never_are_read_in_order():
     from sglang.srt.speculative import spec_profiler as sp
 
     p4_event_order.check(p4_event_order.run(sp))
+
+
+def test_profiler_logs_the_verdict_sentence_exactly():
+    """The verdict line 0.5.23's spec_profiler logs itself every interval (issue 39): the same cases
+    and whole lines as 0.5.9's (tests/p4_verdict_cases.py), batch 1 against its break-even."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    import p4_verdict_cases
+
+    from sglang.srt.speculative import spec_profiler as sp
+
+    assert p4_verdict_cases.run_cases(sp) == {case: [want] for case, want in p4_verdict_cases.EXPECTED.items()}
