@@ -39,14 +39,14 @@ class _Capture(logging.Handler):
         self.got.append([record.levelname, record.getMessage()])
 
 
-def run_cases(sp, cases=None) -> dict:
+def run_cases(sp) -> dict:
     """{case: [[level, message], ...]}: what spec_profiler module sp logs for each case."""
     cap = _Capture()
     sp.logger.addHandler(cap)
     sp.logger.setLevel(logging.DEBUG)
     out = {}
     try:
-        for name, baseline, phases, batches in cases or CASES:
+        for name, baseline, phases, batches in CASES:
             p = sp.SpecCycleProfiler(interval=len(batches), baseline_step_ms=baseline, event_factory=_Event, timer_name="exact")
             cap.got.clear()
             for i, accept_lens in enumerate(batches):
