@@ -1,6 +1,7 @@
-"""argparse pieces every command may use: value types, and old option spellings kept as aliases
-that warn once. Standard library only: the GPU suite's commands (doctor, regress, profile-report)
-use them too, on a box without the series side's dependencies."""
+"""argparse pieces every command may use: value types, old option spellings kept as aliases that
+warn once, and --json's output. The standard library and sglpatch.errors only: the GPU suite's
+commands (doctor, regress, profile-report) use them too, on a box without the series side's
+dependencies."""
 
 from __future__ import annotations
 
