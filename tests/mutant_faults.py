@@ -68,8 +68,9 @@ SM120_FLAG = "_is_sm120_supported = _is_cuda and get_platform().is_sm120\n"
 SM120_FLAG_BLACKWELL = (SM120_FLAG, SM120_FLAG.replace("get_platform().is_sm120", "get_platform().is_blackwell"))
 SM120_FLAG_120_ONLY = (SM120_FLAG, SM120_FLAG.replace("get_platform().is_sm120", "get_platform().device_sm == 120"))
 
-VERDICT_OVERALL = ('            if bs1["accept_length"] >= rec["break_even_accept_length"]:\n',
-                   '            if rec["accept_length"] >= rec["break_even_accept_length"]:\n')
+VERDICT_OVERALL = ('            if bs1["accept_length"] > rec["break_even_accept_length"]:\n',
+                   '            if rec["accept_length"] > rec["break_even_accept_length"]:\n')
+VERDICT_TIE = (VERDICT_OVERALL[0], VERDICT_OVERALL[0].replace(" > ", " >= "))
 VERDICT_ADVICE = ('"(better drafter) or cut verify time, else disable speculation"', '"(better drafter) or cut verify time"')
 
 MUTANTS: dict[str, list[Mutant]] = {
@@ -85,6 +86,8 @@ MUTANTS: dict[str, list[Mutant]] = {
                "speculative/spec_profiler.py", [VERDICT_OVERALL], [P4_0523]),
         Mutant("p4-0523-verdict-advice-cut", "P4", "verdict", "the profiler's SLOWER verdict no longer advises disabling speculation",
                "speculative/spec_profiler.py", [VERDICT_ADVICE], [P4_0523]),
+        Mutant("p4-0523-verdict-tie-beats", "P4", "rule", "an accept length exactly at the break-even is said to beat the baseline",
+               "speculative/spec_profiler.py", [VERDICT_TIE], [P4_0523]),
         Mutant("p1-gate-removed", "P1", "rule", "the SM120 gate pass no longer run (model_hook.py)",
                "arg_groups/model_hook.py", [("    run_post_process_pass(server_args, _flashinfer_allreduce_fusion_sm120_gate)\n", "")], [P1_0523]),
         Mutant("p1-pcie-ipc-rule-inverted", "P1", "rule", "the PCIe-IPC rule inverted: the fusion yields when PCIe-IPC is off",
@@ -171,6 +174,8 @@ MUTANTS: dict[str, list[Mutant]] = {
                                                  "f\"batch 1: accept len {rec['accept_length']:.2f}, break-even accept \"")], [P4_VERDICT]),
         Mutant("p4-verdict-advice-cut", "P4", "verdict", "the profiler's SLOWER verdict no longer advises disabling speculation",
                "speculative/spec_profiler.py", [VERDICT_ADVICE], [P4_VERDICT]),
+        Mutant("p4-verdict-tie-beats", "P4", "rule", "an accept length exactly at the break-even is said to beat the baseline",
+               "speculative/spec_profiler.py", [VERDICT_TIE], [P4_VERDICT]),
         Mutant("p4-read-before-extend-done", "P4", "ordering", "a cycle is read once its verify event completed, before its extend event",
                "speculative/spec_profiler.py", [POLL_READY], [P4]),
         Mutant("p4-overflow-drops-newest", "P4", "ordering", "a full queue of unfinished cycles drops the newest, not the oldest",
@@ -309,6 +314,9 @@ MUTANTS: dict[str, list[Mutant]] = {
                [PROFILE_REPORT]),
         Mutant("profile-verdict-overall-accept", "profile-report", "default", "the verdict compares the overall accept length, not batch 1's",
                "gpu/profile_report.py", [('        if bs1["accept_length"] > s["break_even_accept_length"]:', '        if s["accept_length"] > s["break_even_accept_length"]:')],
+               [PROFILE_REPORT]),
+        Mutant("profile-verdict-tie-beats", "profile-report", "rule", "an accept length exactly at the break-even is said to beat the baseline",
+               "gpu/profile_report.py", [('        if bs1["accept_length"] > s["break_even_accept_length"]:', '        if bs1["accept_length"] >= s["break_even_accept_length"]:')],
                [PROFILE_REPORT]),
         Mutant("profile-advice-cut", "profile-report", "verdict", "the SLOWER verdict no longer advises serving without speculation",
                "gpu/profile_report.py", [('or cut verify time, else serve without speculation"', 'or cut verify time"')], [PROFILE_REPORT]),

@@ -5,8 +5,9 @@ carry the same spec_profiler.py, and each patch is tested where a fault planted 
 run_cases drives a spec_profiler module through its public marks (begin_cycle, end_draft,
 end_verify, end_cycle) with an exact clock as its event source (event_factory=): each cycle takes
 1 / 17 / 2 ms (draft / verify / extend) unless a case says otherwise, so every number in the line
-is known. Both sides of the break-even (accept length 1.75 and 2.25 against 20 ms / 10 ms = 2.00),
-with batch 1 and the other batch sizes pulling the overall accept length the other way.
+is known. Both sides of the break-even and on it (accept length 1.75, 2.25 and exactly 2.00
+against 20 ms / 10 ms = 2.00: a tie does not beat the baseline, as profile-report says too), with
+batch 1 and the other batch sizes pulling the overall accept length the other way.
 Standard library only (it runs inside the venvs under test).
 """
 
@@ -68,6 +69,7 @@ PHASES = [1.0, 17.0, 2.0]  # a 20 ms cycle: break-even 2.00 against a 10 ms step
 CASES = [
     ("above", 10.0, PHASES, [[2], [2], [2], [3]]),  # batch 1 commits 2.25 tokens a cycle
     ("below", 10.0, PHASES, [[2], [2], [2], [1]]),  # 1.75
+    ("tie", 10.0, PHASES, [[2], [2], [2], [2]]),  # exactly 2.00: a tie does not beat the baseline
     ("batch1_below_overall_above", 10.0, PHASES, [[2], [4, 4, 4, 4], [1], [4, 4, 4, 4]]),  # 1.50, overall 3.50
     ("batch1_above_overall_below", 10.0, PHASES, [[3], [1, 1, 1, 1], [3], [1, 1, 1, 1]]),  # 3.00, overall 1.40
     ("no_batch1", 10.0, PHASES, [[2, 3], [2, 3]]),
@@ -89,6 +91,8 @@ EXPECTED = {
                   f"batch 1: accept len 2.25, break-even accept len 2.00 vs 10 ms/step (100.0 tok/s): {BEATS}"),
     "below": line(4, PHASE_PART, "mean batch 1.00, accept len 1.75, 87.5 tok/s per request, 87.5 tok/s throughput",
                   f"batch 1: accept len 1.75, break-even accept len 2.00 vs 10 ms/step (100.0 tok/s): {SLOWER}"),
+    "tie": line(4, PHASE_PART, "mean batch 1.00, accept len 2.00, 100.0 tok/s per request, 100.0 tok/s throughput",
+                f"batch 1: accept len 2.00, break-even accept len 2.00 vs 10 ms/step (100.0 tok/s): {SLOWER}"),
     "batch1_below_overall_above": line(
         4, PHASE_PART, "mean batch 2.50, accept len 3.50, 175.0 tok/s per request, 437.5 tok/s throughput",
         f"batch 1: accept len 1.50, break-even accept len 2.00 vs 10 ms/step (100.0 tok/s): {SLOWER}"),

@@ -212,22 +212,27 @@ def test_cli_rejects_bad_numbers(known_file, bad):
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
 
 
-@pytest.mark.parametrize("b1_tokens, b4_tokens, verdict", [
+@pytest.mark.parametrize("b1_tokens, b4_tokens, verdict, b1_cycle_ms", [
     # batch 1 wins (accept 3.0 > 30 / 12.2 = 2.46) while all cycles together (2.2) would lose
-    (300, 800, "  verdict (batch 1): speculation is 1.22x the baseline"),
+    (300, 800, "  verdict (batch 1): speculation is 1.22x the baseline", 30.0),
     # batch 1 loses (2.0) while all cycles together (2.8) would win: the full advice is printed
     (200, 1200, "  verdict (batch 1): speculation is SLOWER (0.81x the baseline); raise the accept length above 2.46 "
-                "or cut verify time, else serve without speculation"),
+                "or cut verify time, else serve without speculation", 30.0),
+    # batch 1 exactly at the break-even (24.4 ms / 12.2 ms = 2.00, 200 tokens in 100 cycles): a tie does not
+    # beat the baseline, as P4's own verdict line says
+    (200, 1200, "  verdict (batch 1): speculation is SLOWER (1.00x the baseline); raise the accept length above 2.00 "
+                "or cut verify time, else serve without speculation", 24.4),
 ])  # fmt: skip
-def test_verdict_is_batch_1s_where_batch_sizes_disagree(tmp_path, b1_tokens, b4_tokens, verdict):
+def test_verdict_is_batch_1s_where_batch_sizes_disagree(tmp_path, b1_tokens, b4_tokens, verdict, b1_cycle_ms):
     """The verdict and its advice, read whole, on files where the overall accept length and batch 1's
-    fall on different sides of the break-even (issue 29: a verdict sentence no test reads)."""
+    fall on different sides of the break-even (issue 29: a verdict sentence no test reads), and on it."""
     path = tmp_path / "mixed.jsonl"
-    path.write_text(json.dumps(_rec2(0, 11, {1: (100, 30.0, b1_tokens), 4: (100, 40.0, b4_tokens)})) + "\n")
+    path.write_text(json.dumps(_rec2(0, 11, {1: (100, b1_cycle_ms, b1_tokens), 4: (100, 40.0, b4_tokens)})) + "\n")
     proc = _cli(path)
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
-    assert "  break-even accept length (batch 1): 2.46 (= cycle 30.00 ms / baseline 12.2 ms)" in lines
+    even = b1_cycle_ms / 12.2
+    assert f"  break-even accept length (batch 1): {even:.2f} (= cycle {b1_cycle_ms:.2f} ms / baseline 12.2 ms)" in lines
     assert [ln for ln in lines if ln.startswith("  verdict")] == [verdict]
 
 
