@@ -17,7 +17,6 @@ from pathlib import Path
 
 from sglpatch.argtypes import deprecated, positive
 from sglpatch.errors import SglpatchError
-from sglpatch.project import find_project
 
 PROJECT_HELP = "project root holding series, patches/, upstream.lock (default: found from cwd)"
 
@@ -35,6 +34,8 @@ def workdir(args) -> Path:
 
 
 def project(args) -> Path:
+    from sglpatch.project import find_project
+
     return Path(args.project).resolve() if getattr(args, "project", None) else find_project()
 
 
@@ -53,6 +54,7 @@ def ctx(args):
     """The context main resolved (sglpatch.context); the project's own error when there is none."""
     if getattr(args, "ctx", None) is None:
         from sglpatch import context
+        from sglpatch.project import find_project
 
         args.ctx = context.resolve(args)
         if args.ctx is None:

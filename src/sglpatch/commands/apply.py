@@ -1,17 +1,16 @@
 """`sglpatch apply`: build branch patched in the line's workdir and install it (the work is done in
 sglpatch.stack.build, upstream, install and newvenv). It decides where the upstream tree comes from
-(--source auto probes the git URL), names the --venv workdir, installs and prints the summary."""
+(--source auto probes the git URL), names the --venv workdir, installs and prints the summary.
+The modules that do the work are imported when apply runs: every sglpatch command builds this
+parser, and a `sglpatch rebase` step (git bisect run, a script) need not load the Python
+environment code (0.05 CPU-s of each start)."""
 
 from __future__ import annotations
 
 import sys
 
-from sglpatch import cliargs, exitcodes, lineguard, linepath
-from sglpatch.pythonenv import flashinfer_set, install, jit_kernels, new_venv as newvenv
-from sglpatch.stack import build, status
-from sglpatch.upstream import materialize as upstream
+from sglpatch import cliargs, exitcodes
 from sglpatch.errors import SglpatchError, say
-from sglpatch.upstream.pin import read_lock
 
 NAME = "apply"
 HELP = "build branch patched in the workdir from upstream.lock + series, and install it"
@@ -53,6 +52,11 @@ def register(p) -> None:
 
 
 def run(args) -> int:
+    from sglpatch import lineguard, linepath
+    from sglpatch.pythonenv import flashinfer_set, install, new_venv as newvenv
+    from sglpatch.stack import build, status
+    from sglpatch.upstream import materialize as upstream
+
     if (args.release_artifact or args.cuda) and not args.venv:
         raise SglpatchError("--release-artifact and --cuda go with --venv DIR", exitcodes.USAGE)
     if args.dry_run and not (args.venv or args.with_flashinfer):
@@ -119,6 +123,10 @@ def run(args) -> int:
 
 
 def _install(args, ctx, workdir, prep, fs, fplan) -> None:
+    from sglpatch import lineguard
+    from sglpatch.pythonenv import flashinfer_set, install, new_venv as newvenv
+    from sglpatch.upstream.pin import read_lock
+
     lock = read_lock(ctx.project)
     if args.with_flashinfer:  # before anything is installed: the tree's own pins must admit the set
         _tree_agrees(workdir, prep.flashinfer if prep else fs)
@@ -146,6 +154,8 @@ def _jit_check(py: str, workdir, new_venv: bool = False) -> None:
     """The JIT kernels that include flashinfer's headers, built in py for the target (sglpatch.pythonenv.jit_kernels):
     a line when they build or cannot be checked here; a kernel that does not build is the error,
     with the command that restores the flashinfer set this apply (or an earlier one) replaced."""
+    from sglpatch.pythonenv import flashinfer_set, jit_kernels
+
     say(f"jit-kernels: building the JIT kernels that include flashinfer headers in {py} for {jit_kernels.sm(jit_kernels.ARCH)} "
         "(compile only, no GPU; about 20 s each)")
     v = jit_kernels.run(py)
@@ -156,6 +166,8 @@ def _jit_check(py: str, workdir, new_venv: bool = False) -> None:
 
 
 def _tree_agrees(workdir, fs) -> None:
+    from sglpatch.pythonenv import flashinfer_set
+
     bad = flashinfer_set.tree_conflicts(workdir, fs)
     if bad:
         raise SglpatchError(f"the patched tree's python/pyproject.toml pins {', '.join(bad)}: pip check would fail after "
@@ -163,6 +175,8 @@ def _tree_agrees(workdir, fs) -> None:
 
 
 def _venv_summary(prep, args) -> None:
+    from sglpatch.pythonenv import install
+
     py = str(prep.python)
     have = install.installed_sglang(py)
     print(f"{py} imports sglang {have[1]} from {have[0]}" if have else f"warning: {py} cannot import sglang (a GPU-only dependency may need CUDA: run `{py} -c \"import sglang\"` to see which)")
