@@ -72,6 +72,21 @@ VERDICT_OVERALL = ('            if bs1["accept_length"] > rec["break_even_accept
                    '            if rec["accept_length"] > rec["break_even_accept_length"]:\n')
 VERDICT_TIE = (VERDICT_OVERALL[0], VERDICT_OVERALL[0].replace(" > ", " >= "))
 VERDICT_ADVICE = ('"(better drafter) or cut verify time, else disable speculation"', '"(better drafter) or cut verify time"')
+REPORT_VERDICT = '        if bs1["accept_length"] > s["break_even_accept_length"]:'  # profile-report's comparison
+
+
+def verdict_mutants(prefix: str, test: str) -> list[Mutant]:
+    """The faults of the verdict line P4's profiler logs itself, on one line's spec_profiler.py
+    (both lines carry the same file), each killed by test."""
+    return [
+        Mutant(f"{prefix}-verdict-overall-accept", "P4", "default", "the profiler's verdict compares the overall accept length, not batch 1's",
+               "speculative/spec_profiler.py", [VERDICT_OVERALL], [test]),
+        Mutant(f"{prefix}-verdict-advice-cut", "P4", "verdict", "the profiler's SLOWER verdict no longer advises disabling speculation",
+               "speculative/spec_profiler.py", [VERDICT_ADVICE], [test]),
+        Mutant(f"{prefix}-verdict-tie-beats", "P4", "rule", "an accept length exactly at the break-even is said to beat the baseline",
+               "speculative/spec_profiler.py", [VERDICT_TIE], [test]),
+    ]
+
 
 MUTANTS: dict[str, list[Mutant]] = {
     "0.5.23": [
@@ -82,12 +97,7 @@ MUTANTS: dict[str, list[Mutant]] = {
         Mutant("p4-env-name-misspelt", "P4", "name", "env name misspelt in environ.py: SGLANG_VERIFY_PROFILE_INTERVALS",
                "environ.py", [("    SGLANG_VERIFY_PROFILE_INTERVAL = ", "    SGLANG_VERIFY_PROFILE_INTERVALS = ")], [P4_0523]),
         # issue 39: the profiler's own verdict line, on this line's copy of spec_profiler.py
-        Mutant("p4-0523-verdict-overall-accept", "P4", "default", "the profiler's verdict compares the overall accept length, not batch 1's",
-               "speculative/spec_profiler.py", [VERDICT_OVERALL], [P4_0523]),
-        Mutant("p4-0523-verdict-advice-cut", "P4", "verdict", "the profiler's SLOWER verdict no longer advises disabling speculation",
-               "speculative/spec_profiler.py", [VERDICT_ADVICE], [P4_0523]),
-        Mutant("p4-0523-verdict-tie-beats", "P4", "rule", "an accept length exactly at the break-even is said to beat the baseline",
-               "speculative/spec_profiler.py", [VERDICT_TIE], [P4_0523]),
+        *verdict_mutants("p4-0523", P4_0523),
         Mutant("p1-gate-removed", "P1", "rule", "the SM120 gate pass no longer run (model_hook.py)",
                "arg_groups/model_hook.py", [("    run_post_process_pass(server_args, _flashinfer_allreduce_fusion_sm120_gate)\n", "")], [P1_0523]),
         Mutant("p1-pcie-ipc-rule-inverted", "P1", "rule", "the PCIe-IPC rule inverted: the fusion yields when PCIe-IPC is off",
@@ -167,15 +177,10 @@ MUTANTS: dict[str, list[Mutant]] = {
                "server_args.py", [('                "Using the unfused allreduce. To use the fusion on SM120, install "\n',
                                    '                "To use the fusion on SM120, install "\n')], [P1]),
         # issue 39: the verdict sentence the profiler itself logs (not sglpatch profile-report's)
-        Mutant("p4-verdict-overall-accept", "P4", "default", "the profiler's verdict compares the overall accept length, not batch 1's",
-               "speculative/spec_profiler.py", [VERDICT_OVERALL], [P4_VERDICT]),
+        *verdict_mutants("p4", P4_VERDICT),
         Mutant("p4-verdict-says-overall-accept", "P4", "verdict", "the profiler's verdict names the overall accept length as batch 1's",
                "speculative/spec_profiler.py", [("f\"batch 1: accept len {bs1['accept_length']:.2f}, break-even accept \"",
                                                  "f\"batch 1: accept len {rec['accept_length']:.2f}, break-even accept \"")], [P4_VERDICT]),
-        Mutant("p4-verdict-advice-cut", "P4", "verdict", "the profiler's SLOWER verdict no longer advises disabling speculation",
-               "speculative/spec_profiler.py", [VERDICT_ADVICE], [P4_VERDICT]),
-        Mutant("p4-verdict-tie-beats", "P4", "rule", "an accept length exactly at the break-even is said to beat the baseline",
-               "speculative/spec_profiler.py", [VERDICT_TIE], [P4_VERDICT]),
         Mutant("p4-read-before-extend-done", "P4", "ordering", "a cycle is read once its verify event completed, before its extend event",
                "speculative/spec_profiler.py", [POLL_READY], [P4]),
         Mutant("p4-overflow-drops-newest", "P4", "ordering", "a full queue of unfinished cycles drops the newest, not the oldest",
@@ -313,11 +318,9 @@ MUTANTS: dict[str, list[Mutant]] = {
                "gpu/profile_report.py", [('break_even_accept_length(bs1["cycle_ms_mean"], baseline_step_ms)', "break_even_accept_length(cycle_ms, baseline_step_ms)")],
                [PROFILE_REPORT]),
         Mutant("profile-verdict-overall-accept", "profile-report", "default", "the verdict compares the overall accept length, not batch 1's",
-               "gpu/profile_report.py", [('        if bs1["accept_length"] > s["break_even_accept_length"]:', '        if s["accept_length"] > s["break_even_accept_length"]:')],
-               [PROFILE_REPORT]),
+               "gpu/profile_report.py", [(REPORT_VERDICT, REPORT_VERDICT.replace("bs1[", "s["))], [PROFILE_REPORT]),
         Mutant("profile-verdict-tie-beats", "profile-report", "rule", "an accept length exactly at the break-even is said to beat the baseline",
-               "gpu/profile_report.py", [('        if bs1["accept_length"] > s["break_even_accept_length"]:', '        if bs1["accept_length"] >= s["break_even_accept_length"]:')],
-               [PROFILE_REPORT]),
+               "gpu/profile_report.py", [(REPORT_VERDICT, REPORT_VERDICT.replace(" > ", " >= "))], [PROFILE_REPORT]),
         Mutant("profile-advice-cut", "profile-report", "verdict", "the SLOWER verdict no longer advises serving without speculation",
                "gpu/profile_report.py", [('or cut verify time, else serve without speculation"', 'or cut verify time"')], [PROFILE_REPORT]),
         Mutant("decision-verify-at-decode-rows", "decision", "number", "the projected cycle uses the decode-row latency difference, not the verify rows'",
