@@ -84,20 +84,19 @@ if ! install_with_uv "$PY" -r requirements-test.txt -e ".[dev]"; then
   "$PY" -m pip install -q --disable-pip-version-check -r requirements-test.txt -e ".[dev]"
 fi
 # The second venv, for the tests on SGLang 0.5.23's own modules (tests/real_0523, run by
-# tests/test_port_0523.py): 0.5.23's pins (requirements-test-0523.txt, flashinfer-python 0.7.2
-# --no-deps) over the main venv's packages (torch 2.14.1 through a .pth file). Built once; rebuilt
-# when requirements-test-0523.txt changes. If it cannot be built, those tests skip and say why.
+# tests/test_port_0523.py): requirements-test-0523.txt, the whole set pinned, installed --no-deps
+# over the main venv's packages (torch 2.14.1 through a .pth file). Built once; rebuilt when
+# requirements-test-0523.txt changes. If it cannot be built, those tests skip and say why.
 VENV0523="${SGLPATCH_TEST_VENV_0523:-$HERE/.venv-0523}"
-REQS0523="$(sha256sum requirements-test-0523.txt | cut -c1-16) flashinfer-python==0.7.2"
+REQS0523="$(sha256sum requirements-test-0523.txt | cut -c1-16) no-deps"
 purelib() { "$1" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])"; }
 build_0523() {
   rm -rf "$VENV0523" && "$PY" -m venv "$VENV0523" || return 1
   purelib "$PY" > "$(purelib "$VENV0523/bin/python")/_sglpatch_parent.pth" || return 1
-  # pip, not uv: pip counts the main venv's packages (the .pth) as installed; uv would install
-  # a second torch (5.4 GB) for compressed-tensors
-  "$VENV0523/bin/python" -m pip install -q --disable-pip-version-check -r requirements-test-0523.txt || return 1
-  install_with_uv "$VENV0523/bin/python" --no-deps flashinfer-python==0.7.2 \
-    || "$VENV0523/bin/python" -m pip install -q --disable-pip-version-check --no-deps flashinfer-python==0.7.2
+  # --no-deps, every package pinned: nothing to resolve (a resolver that does not count the .pth's
+  # packages as installed, uv's, would add a second torch of 5.4 GB for compressed-tensors)
+  install_with_uv "$VENV0523/bin/python" --no-deps -r requirements-test-0523.txt \
+    || "$VENV0523/bin/python" -m pip install -q --disable-pip-version-check --no-deps -r requirements-test-0523.txt
 }
 build_or_skip_0523() {
   if build_0523; then
