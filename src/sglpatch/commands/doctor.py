@@ -3,17 +3,19 @@
 
 from __future__ import annotations
 
-from sglpatch.gpu.doctor import run as doctor
+from sglpatch.gpu import options
 
 NAME = "doctor"
 HELP = ("check the box before a load: stale GPU processes, the serving Python, NCCL settings, driver, P2P per GPU pair, "
         "free memory (run it first on a new box)")
-DESCRIPTION = doctor.DESCRIPTION
+DESCRIPTION = options.DOCTOR_DESCRIPTION
 
 
 def register(p) -> None:
-    doctor.add_arguments(p)
+    options.doctor_arguments(p)
 
 
 def run(args) -> int:
+    from sglpatch.gpu.doctor import run as doctor
+
     return doctor.run_args(args)

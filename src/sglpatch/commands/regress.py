@@ -3,16 +3,18 @@
 
 from __future__ import annotations
 
-from sglpatch.gpu import regress
+from sglpatch.gpu import options
 
 NAME = "regress"
 HELP = "GPU regression suite: tiers cpu, kernel, server; writes report.json + report.md"
-DESCRIPTION = regress.DESCRIPTION
+DESCRIPTION = options.REGRESS_DESCRIPTION
 
 
 def register(p) -> None:
-    regress.add_arguments(p)
+    options.regress_arguments(p)
 
 
 def run(args) -> int:
+    from sglpatch.gpu import regress
+
     return regress.run_args(args, ["sglpatch", "regress"])

@@ -23,9 +23,11 @@ from pathlib import Path
 
 from sglpatch import exitcodes
 from sglpatch.pythonenv import interpreter
-from sglpatch.argtypes import deprecated
 from sglpatch.errors import SglpatchError
 from sglpatch.gpu.cpu.tier import CpuTier
+from sglpatch.gpu.options import REGRESS_DESCRIPTION as DESCRIPTION
+from sglpatch.gpu.options import TIERS
+from sglpatch.gpu.options import regress_arguments as add_arguments
 from sglpatch.gpu.kernel.tier import KernelTier
 from sglpatch.gpu.server.ab import ServerABTier
 from sglpatch.gpu.server.tier import ServerTier
@@ -33,7 +35,6 @@ from sglpatch.gpu.shared.plan import RunPlan, Tier
 from sglpatch.gpu.shared.profile import expand, find_project_root, load_profile, resolve_profile_path, usage_error
 from sglpatch.gpu.shared.report import write_report
 
-TIERS = ("cpu", "kernel", "server")
 EXIT_PASS, EXIT_FAIL, EXIT_CANNOT_RUN = exitcodes.OK, exitcodes.ERROR, exitcodes.CANNOT_RUN
 
 
@@ -114,57 +115,6 @@ def _run_tiers(plan: RunPlan, tier: str, argv: list[str] | None, started: dateti
     write_report(plan.report_dir, doc, results)
     return {"status": status, "exit_code": code, "report_dir": str(plan.report_dir),
             "tiers": [(r.name, r.status, r.summary, r.failures, r.data.get("cannot_run")) for r in results]}
-
-
-DESCRIPTION = ("Run the patch tests (cpu), the allreduce kernels (kernel, >= 2 GPUs) or the patched server (server) "
-               "against the installed sglang; report.json + report.md. Exit 0 when every tier that ran passed, "
-               "1 on a regression, 125 when the tier cannot run here (git bisect run skips).")
-
-
-def _stress_count(text: str) -> int:
-    n = int(text) if text.isdigit() else 0
-    if n <= 0:
-        raise argparse.ArgumentTypeError(f"--stress wants a positive number of iterations, not {text!r}")
-    return n
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    """The options of `sglpatch regress` (also `python -m sglpatch.gpu.regress` on a GPU box)."""
-    p.add_argument(
-        "--tier",
-        choices=[*TIERS, "all"],
-        default="all",
-        help="cpu: the patch tests on the installed sglang; kernel: allreduce latency and correctness (>= 2 GPUs); "
-        "server: the patched server's tok/s against the baseline; all: each in turn",
-    )
-    p.add_argument("--profile", help="targets/NAME.toml, or NAME of a file in targets/ (e.g. rtx6000x8-kimi-k25)")
-    p.add_argument("--report-dir", metavar="DIR", help="where the report folder goes (default: ./regress-<UTC time>)")
-    deprecated(p, "--report", "--report-dir", dest="report_dir", metavar="DIR")
-    p.add_argument("--baseline", help="a previous report.json to compare kernel latencies with (same hardware only)")
-    p.add_argument("--project", help="the sglpatch checkout holding targets/ and tests/ (default: found from cwd)")
-    p.add_argument("--python", metavar="PATH[,PATH2]",
-                   help="the Python under test, every tier (default: cpu tier: the one `apply` installed the workdir "
-                   "into, else the profile's; kernel/server: the profile's); kernel tier: A,B runs the bench in each "
-                   "interpreter (e.g. the 0.5.9 and the 0.5.23 venv) and merges the rows, each labelled with its versions")
-    p.add_argument("--workdir", help="the workdir whose recorded install the cpu tier uses (default: $SGLANG_FORK_DIR or ~/sglang-fork)")
-    p.add_argument("--stress", type=_stress_count, nargs="?", const=-1, default=None, metavar="N",
-                   help="tier kernel also runs N allreduces per non-NCCL backend and mode, each compared exactly "
-                   "with NCCL (N omitted: the profile's [kernel] stress_iterations, 1000000 on the target)")
-    p.add_argument("--quick", action="store_true",
-                   help="kernel tier: the decision sizes only (batch, batch x draft tokens), few samples: a smoke run")
-    p.add_argument("--with-profile", metavar="REPORT",
-                   help="kernel tier: project from a server-tier report's measured step and P4 draft/verify/extend ms "
-                   "instead of the profile's [kernel.decision] numbers")
-    p.add_argument("--modes", help="server tier: run these [[server.modes]] (comma-separated, or 'all'); "
-                   "default: every mode not marked optional")
-    p.add_argument("--parity-with", metavar="REPORT_DIR",
-                   help="server tier: greedy outputs of each mode must equal those of the same mode in REPORT_DIR")
-    p.add_argument("--ab", metavar="A_PYTHON,B_PYTHON",
-                   help="server tier: run the same modes, profile and prompts with two installs (A's, then B's "
-                   "interpreter) and report them side by side with B/A ratios (each side gated as usual; the "
-                   "comparison only reports)")
-    p.add_argument("--no-doctor", action="store_true",
-                   help="server tier: do not run `sglpatch doctor` first (by default a failed check refuses the load)")
 
 
 def run_args(args: argparse.Namespace, prog: list[str]) -> int:

@@ -31,7 +31,9 @@ from pathlib import Path
 
 from sglpatch import exitcodes
 from sglpatch.pythonenv import jit_kernels, preflight
-from sglpatch.argtypes import positive, write_json
+from sglpatch.argtypes import write_json
+from sglpatch.gpu.options import DOCTOR_DESCRIPTION as DESCRIPTION
+from sglpatch.gpu.options import doctor_arguments as add_arguments
 from sglpatch.errors import SglpatchError, say
 from sglpatch.gpu.doctor import checks as dc
 from sglpatch.gpu.doctor import gpu as dg
@@ -42,11 +44,6 @@ from sglpatch.gpu.shared.report import TierResult
 from sglpatch.gpu.shared.served import imported_sglang, version_tuple
 
 EXIT_OK, EXIT_FAIL, EXIT_CANNOT_RUN = exitcodes.OK, exitcodes.ERROR, exitcodes.CANNOT_RUN
-DESCRIPTION = ("Check the box before a load: stale GPU processes, the serving Python and what it sees, driver and "
-               "toolkits, topology and a real P2P copy per GPU pair, free GPU memory. Exit 0: nothing failed; 1: a "
-               "check failed; 125: no GPU visible here (checks that failed are listed); 2: a usage error.")
-
-
 @dataclass
 class Box:
     """Where the doctor reads the box (tests point each at a fake)."""
@@ -213,26 +210,6 @@ def gate_server(prof: dict, python: str, project: Path, report_dir: Path, env: d
     return tr
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--python", help="the interpreter that serves (default: the profile's [server] python, else this one)")
-    p.add_argument("--profile", help="targets/NAME.toml or NAME: its [env], [server] and [model] are compared")
-    p.add_argument("--project", help="the sglpatch checkout (series, targets/; default: found from cwd)")
-    p.add_argument("--json", metavar="FILE", help="also write every check as JSON to FILE ('-': standard output, after the lines)")
-    p.add_argument("--kill-stale", action="store_true", help="end the stale SGLang / torch workers (parent gone, "
-                   "holding a GPU) first: process group, then PID; asks unless --yes")
-    p.add_argument("--yes", action="store_true", help="with --kill-stale: do not ask")
-    p.add_argument("--kernel-report", metavar="DIR", help="a kernel-tier report folder: its measured decision is cited")
-    p.add_argument("--nvidia-smi", metavar="PATH", help="the nvidia-smi to run (default: the one on PATH)")
-    p.add_argument("--no-p2p", action="store_true", help="skip the P2P copy test")
-    p.add_argument("--no-jit", action="store_true", help="skip building the JIT kernels that include flashinfer headers")
-    p.add_argument("--p2p-timeout", type=positive, default=20.0, metavar="SEC", help="deadline per GPU pair, in seconds")
-    p.add_argument("--dev-glob", default="/dev/nvidia*", help=argparse.SUPPRESS)
-    p.add_argument("--proc-root", default="/proc", help=argparse.SUPPRESS)
-    p.add_argument("--shm", default="/dev/shm", help=argparse.SUPPRESS)
-    p.add_argument("--p2p-probe", default=str(dg.P2P_PROBE), help=argparse.SUPPRESS)
-    p.add_argument("--reapers", default="0,1", help=argparse.SUPPRESS)
-
-
 def run_args(args: argparse.Namespace) -> int:
     try:
         proj = Path(args.project).resolve() if args.project else find_project_root()
@@ -244,7 +221,7 @@ def run_args(args: argparse.Namespace) -> int:
     if args.kernel_report and not (Path(args.kernel_report) / "report.json").is_file():
         raise SglpatchError(f"--kernel-report {args.kernel_report}: no report.json there", exit_code=exitcodes.USAGE)
     box = Box(nvidia_smi=args.nvidia_smi, proc_root=Path(args.proc_root), dev_glob=args.dev_glob, shm=Path(args.shm),
-              p2p_probe=Path(args.p2p_probe), p2p_timeout=args.p2p_timeout, p2p=not args.no_p2p, jit=not args.no_jit,
+              p2p_probe=Path(args.p2p_probe) if args.p2p_probe else dg.P2P_PROBE, p2p_timeout=args.p2p_timeout, p2p=not args.no_p2p, jit=not args.no_jit,
               reapers=frozenset(int(x) for x in args.reapers.split(",") if x.strip().isdigit()))
     doc = run_doctor(serving_python(prof, args.python), prof, proj, box, kill_stale=args.kill_stale, yes=args.yes,
                      kernel_report=Path(args.kernel_report) if args.kernel_report else None)
