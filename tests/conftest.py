@@ -264,6 +264,8 @@ def run_patched(patched_python, tmp_path_factory):
     base = dict(os.environ)
     base.pop("PYTHONPATH", None)
     base.setdefault("CUDA_VISIBLE_DEVICES", "")
+    (cwd / "tmp").mkdir()
+    base["TMPDIR"] = str(cwd / "tmp")  # the scripts' temporary folders in this run's, not left in /tmp
     zy = None if os.environ.get("SGLPATCH_PATCHED_PYTHON") else start_zygote(patched_python, base, cwd)
 
     def run(code: str, env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
