@@ -136,3 +136,15 @@ def test_applys_options_come_in_groups():
     groups = {g.title: [a.option_strings[0] for a in g._group_actions] for g in parsers["apply"]._action_groups}
     assert groups["a new venv"] == ["--venv", "--cuda", "--release-artifact"] and groups["the upstream tree"] == [
         "--source", "--upstream-url", "--probe-timeout"]
+
+
+def test_building_the_parser_imports_no_gpu_command_code():
+    """Every `sglpatch` process builds the whole parser: doctor's and regress's options live in
+    sglpatch.gpu.options, so their run-time modules (and what those import) load only when run;
+    profile-report's module is its own light one."""
+    import subprocess
+    import sys
+
+    code = "import sys, sglpatch.cli as c; c.build_parser(); print(' '.join(sorted(m for m in sys.modules if m.startswith('sglpatch.gpu'))))"
+    got = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert got == ["sglpatch.gpu", "sglpatch.gpu.options", "sglpatch.gpu.profile_report"], got
