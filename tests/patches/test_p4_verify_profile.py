@@ -242,7 +242,9 @@ def test_on_writes_jsonl_with_required_fields(on_run, kind):
         assert rec["extend_ms_median"] >= 0.9
         assert rec["cycle_ms_p90"] >= rec["cycle_ms_median"]
         parts = rec["draft_ms_median"] + rec["verify_ms_median"] + rec["extend_ms_median"]
-        assert rec["cycle_ms_median"] == pytest.approx(parts, rel=0.3)
+        # a cycle holds its three phases and the gaps between them, which a loaded machine widens
+        # (15.3 ms against 11.6 on the 2-core CI machine): nearly their sum at least, never twice it
+        assert 0.85 * parts <= rec["cycle_ms_median"] < 1.6 * parts
         assert 0.4 < rec["verify_frac"] < 1
         # the definitions: tok/s per request = 1000 L / T, throughput = 1000 tokens / sum of cycle ms
         assert rec["tok_s_per_request"] == pytest.approx(1000 * rec["accept_length"] / rec["cycle_ms_mean"])
