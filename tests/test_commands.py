@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -142,9 +144,6 @@ def test_building_the_parser_imports_no_gpu_command_code():
     """Every `sglpatch` process builds the whole parser: doctor's and regress's options live in
     sglpatch.gpu.options, so their run-time modules (and what those import) load only when run;
     profile-report's module is its own light one."""
-    import subprocess
-    import sys
-
     code = "import sys, sglpatch.cli as c; c.build_parser(); print(' '.join(sorted(m for m in sys.modules if m.startswith('sglpatch.gpu'))))"
     got = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     assert got == ["sglpatch.gpu", "sglpatch.gpu.options", "sglpatch.gpu.profile_report"], got

@@ -11,8 +11,8 @@ from sglpatch.argtypes import deprecated, positive
 TIERS = ("cpu", "kernel", "server")
 
 DOCTOR_DESCRIPTION = ("Check the box before a load: stale GPU processes, the serving Python and what it sees, driver and "
-               "toolkits, topology and a real P2P copy per GPU pair, free GPU memory. Exit 0: nothing failed; 1: a "
-               "check failed; 125: no GPU visible here (checks that failed are listed); 2: a usage error.")
+                      "toolkits, topology and a real P2P copy per GPU pair, free GPU memory. Exit 0: nothing failed; 1: a "
+                      "check failed; 125: no GPU visible here (checks that failed are listed); 2: a usage error.")
 
 
 def doctor_arguments(p: argparse.ArgumentParser) -> None:
@@ -37,8 +37,8 @@ def doctor_arguments(p: argparse.ArgumentParser) -> None:
 
 
 REGRESS_DESCRIPTION = ("Run the patch tests (cpu), the allreduce kernels (kernel, >= 2 GPUs) or the patched server (server) "
-               "against the installed sglang; report.json + report.md. Exit 0 when every tier that ran passed, "
-               "1 on a regression, 125 when the tier cannot run here (git bisect run skips).")
+                       "against the installed sglang; report.json + report.md. Exit 0 when every tier that ran passed, "
+                       "1 on a regression, 125 when the tier cannot run here (git bisect run skips).")
 
 
 def _stress_count(text: str) -> int:

@@ -44,6 +44,8 @@ from sglpatch.gpu.shared.report import TierResult
 from sglpatch.gpu.shared.served import imported_sglang, version_tuple
 
 EXIT_OK, EXIT_FAIL, EXIT_CANNOT_RUN = exitcodes.OK, exitcodes.ERROR, exitcodes.CANNOT_RUN
+
+
 @dataclass
 class Box:
     """Where the doctor reads the box (tests point each at a fake)."""
@@ -221,7 +223,8 @@ def run_args(args: argparse.Namespace) -> int:
     if args.kernel_report and not (Path(args.kernel_report) / "report.json").is_file():
         raise SglpatchError(f"--kernel-report {args.kernel_report}: no report.json there", exit_code=exitcodes.USAGE)
     box = Box(nvidia_smi=args.nvidia_smi, proc_root=Path(args.proc_root), dev_glob=args.dev_glob, shm=Path(args.shm),
-              p2p_probe=Path(args.p2p_probe) if args.p2p_probe else dg.P2P_PROBE, p2p_timeout=args.p2p_timeout, p2p=not args.no_p2p, jit=not args.no_jit,
+              p2p_probe=Path(args.p2p_probe) if args.p2p_probe else dg.P2P_PROBE, p2p_timeout=args.p2p_timeout,
+              p2p=not args.no_p2p, jit=not args.no_jit,
               reapers=frozenset(int(x) for x in args.reapers.split(",") if x.strip().isdigit()))
     doc = run_doctor(serving_python(prof, args.python), prof, proj, box, kill_stale=args.kill_stale, yes=args.yes,
                      kernel_report=Path(args.kernel_report) if args.kernel_report else None)
