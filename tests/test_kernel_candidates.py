@@ -186,7 +186,8 @@ def test_launch_plan_and_usage_errors(tmp_path):
     a = {"key": "A", "python": "/py/a"}
     ls = kernel_launch.kernel_launches(prof, 8, tmp_path, a, True)
     assert [L["name"] for L in ls] == ["main", "p2p_off", "default_env"]
-    assert ls[0]["cmd"][6:8] == ["-m", "sglpatch.gpu.kernel.bench"]
+    # torchrun's log folder in the report's scratch, not a torchelastic_* folder left in TMPDIR
+    assert ls[0]["cmd"][6:10] == ["--log-dir", str(tmp_path / "scratch" / "torchelastic"), "-m", "sglpatch.gpu.kernel.bench"]
     assert ls[2]["unset"] == ["NCCL_ALGO", "NCCL_BUFFSIZE", "NCCL_MAX_NCHANNELS", "NCCL_NTHREADS", "NCCL_P2P_LEVEL",
                               "NCCL_PROTO"]
     cmd = ls[0]["cmd"]
@@ -238,7 +239,7 @@ def test_pcie_ipc_in_the_stress_run(tmp_path):
 
     out = tmp_path / "kb.json"
     cmd = [install_b(tmp_path), "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-           "-m", "sglpatch.gpu.kernel.bench", "--device", "cpu", "--hidden", "64", "--stress", "240",
+           "--log-dir", str(tmp_path / "torchelastic"), "-m", "sglpatch.gpu.kernel.bench", "--device", "cpu", "--hidden", "64", "--stress", "240",
            "--stress-sizes", "1,3", "--stress-batch", "48", "--backends", "pcie_ipc,b12x_twoshot,flashinfer_fused",
            "--out", str(out), "--scratch-dir", str(tmp_path)]
     env = kernel_launch.worker_env(dict(os.environ, OMP_NUM_THREADS="1"))

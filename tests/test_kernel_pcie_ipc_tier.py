@@ -27,7 +27,7 @@ def test_a_seed_leg_after_a_tune_in_one_process_is_refused(tmp_path):
     """The autotuner keeps a tune's winners in memory: by hand, in that order, the worker says so."""
     out = tmp_path / "kb.json"
     cmd = [interpreter(tmp_path, with_p5=False), "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-           "-m", "sglpatch.gpu.kernel.bench", "--device", "cpu", "--hidden", "64", "--sizes", "3", "--samples", "2",
+           "--log-dir", str(tmp_path / "torchelastic"), "-m", "sglpatch.gpu.kernel.bench", "--device", "cpu", "--hidden", "64", "--sizes", "3", "--samples", "2",
            "--inner", "2", "--pcie-ipc-rows", "3", "--backends", "pcie_ipc_tuned,pcie_ipc", "--out", str(out),
            "--scratch-dir", str(tmp_path)]
     env = kernel_launch.worker_env(dict(os.environ, OMP_NUM_THREADS="1", SGLPATCH_RECORD_WS=str(tmp_path / "ws.jsonl")))
@@ -118,6 +118,8 @@ def run_tier(tmp_path: Path, monkeypatch, extra: str = "", with_p5: bool = False
     one torchrun world more, 6 CPU-s, and nothing a tuned leg does reaches it: the tests with it show that)."""
     monkeypatch.setenv("SGLPATCH_RECORD_WS", str(tmp_path / "ws.jsonl"))
     monkeypatch.setenv("HOME", str(tmp_path / "home"))  # whatever writes to ~/.cache shows there
+    (tmp_path / "tmpdir").mkdir()
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "tmpdir"))  # what the tier's processes leave in TMPDIR shows there
     smi, smi_log = fake_smi(tmp_path, lgc_rc)
     proj = tmp_path / "proj"
     (proj / "targets").mkdir(parents=True)
@@ -173,6 +175,8 @@ def test_default_serves_p5s_buckets_with_seed_configurations_and_tunes_nothing(t
     assert "pcie_ipc_tuned" not in {r["backend"] for r in k["results"]} and smi == []
     assert [L["backends"] for L in k["launches"]] == [["nccl", "pcie_ipc"]]
     assert not (tmp_path / "r" / "scratch" / "flashinfer-autotune").exists() and not (tmp_path / "home").exists()
+    assert sorted(os.listdir(tmp_path / "tmpdir")) == []  # torchrun's logs went to the report's scratch
+    assert (tmp_path / "r" / "scratch" / "torchelastic").is_dir()
     t = k["pcie_ipc_tune"]
     seed = graph(k, "pcie_ipc")
     x = t["installs"][0]

@@ -99,6 +99,9 @@ def test_stress_launch_from_profile(tmp_path):
     cmd = L["cmd"]
     assert cmd[cmd.index("--stress") + 1] == "1000000" and cmd[cmd.index("--backends") + 1] == "custom_ar,symm_mem"
     assert cmd[cmd.index("--modes") + 1] == "eager,graph" and "--device" not in cmd
+    # torchrun's log folder in the report's scratch (a torchrun option: before the module), not TMPDIR's
+    assert cmd[cmd.index("--log-dir") + 1] == str(tmp_path / "scratch" / "torchelastic")
+    assert cmd.index("--log-dir") < cmd.index("sglpatch.gpu.kernel.bench")
     assert L["stall_s"] == k["stress_step_timeout_s"] + 60 and L["timeout_s"] > 3600
     h = profiles.load_profile(profiles.resolve_profile_path("h200x2", ROOT))["kernel"]
     assert 0 < h["stress_iterations"] <= 100_000 and h["stress_required"] == ["symm_mem"]
@@ -193,7 +196,7 @@ def _torchrun(tmp_path, *args, timeout=180):
     _torch()
     out = tmp_path / "kb.json"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-           str(ROOT / "src" / "sglpatch" / "gpu" / "kernel" / "bench.py"), "--device", "cpu", "--hidden", "64",
+           "--log-dir", str(tmp_path / "torchelastic"), str(ROOT / "src" / "sglpatch" / "gpu" / "kernel" / "bench.py"), "--device", "cpu", "--hidden", "64",
            "--stress-sizes", "1,3,16", "--stress-batch", "128", "--out", str(out), *args]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=dict(os.environ, OMP_NUM_THREADS="1"))
     return r, (json.loads(out.read_text()) if out.exists() else None)

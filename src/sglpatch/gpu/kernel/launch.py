@@ -98,12 +98,18 @@ def common_args(prof: dict, quick: bool) -> list[str]:
     return out
 
 
+def log_dir_args(report_dir: Path) -> list[str]:
+    """torchrun's own log folder in the report's scratch: without one it makes a torchelastic_*
+    folder in TMPDIR per launch and leaves it there."""
+    return ["--log-dir", str(Path(report_dir) / "scratch" / "torchelastic")]
+
+
 def kernel_launches(prof: dict, world_size: int, report_dir: Path, interp: dict, first: bool,
                     quick: bool = False) -> list[dict]:
     k = prof["kernel"]
     py, key = interp["python"], interp["key"]
     torchrun = [py, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(world_size),
-                "-m", "sglpatch.gpu.kernel.bench", *common_args(prof, quick)]
+                *log_dir_args(report_dir), "-m", "sglpatch.gpu.kernel.bench", *common_args(prof, quick)]
     tag = "" if key == "A" else f"-{key}"
     tune = pcie_tune.settings(k)["tune"]
     main = [b for b in k["backends"] if not (tune and b == pcie_tune.SEED)]
