@@ -10,7 +10,7 @@ from pathlib import Path
 from sglpatch import exitcodes
 from sglpatch.errors import SglpatchError
 from sglpatch.upstream.pin import LOCK_NAME, Lock, read_lock
-from sglpatch.series import SERIES_NAME, PatchFile, Series, read_patch, read_series
+from sglpatch.series import SERIES_NAME, PatchFile, Series, read_patches, read_series
 
 
 @dataclass
@@ -25,7 +25,7 @@ class Project:
         root = Path(root)
         lock = read_lock(root)
         series = read_series(root)
-        patches = [read_patch(root, e) for e in series.entries]
+        patches = read_patches(root, series.entries)
         return cls(root=root, lock=lock, series=series, patches=patches)
 
     def digest(self, upstream_commit: str) -> str:

@@ -27,7 +27,7 @@ import unidiff
 
 from sglpatch.errors import SglpatchError
 from sglpatch.fsutil import inside
-from sglpatch.gitcmd import GitError, patch_paths
+from sglpatch.gitcmd import GitError, patch_paths, read_together
 from sglpatch.upstream.pin import safe_relpath
 
 SERIES_NAME = "series"
@@ -309,6 +309,17 @@ def patch_path(project: Path, name: str) -> Path:
 
 
 def read_patch(project: Path, entry: Entry) -> PatchFile:
+    return parse_patch(entry.name, _patch_bytes(project, entry), entry.strip)
+
+
+def read_patches(project: Path, entries: list[Entry]) -> list[PatchFile]:
+    """read_patch of each entry, in order; git reads the paths of them all at once."""
+    data = [_patch_bytes(project, e) for e in entries]
+    read_together([(d, e.strip) for d, e in zip(data, entries)])
+    return [parse_patch(e.name, d, e.strip) for d, e in zip(data, entries)]
+
+
+def _patch_bytes(project: Path, entry: Entry) -> bytes:
     path = Path(project) / PATCH_DIR / entry.name
     if path.is_symlink():
         raise SeriesError(f"{PATCH_DIR}/{entry.name} is a symbolic link; patch files must be regular files")
@@ -322,7 +333,7 @@ def read_patch(project: Path, entry: Entry) -> PatchFile:
         raise SeriesError(f"series lists {entry.name} but {PATCH_DIR}/{entry.name} does not exist") from None
     except IsADirectoryError:
         raise SeriesError(f"{PATCH_DIR}/{entry.name} is a directory, not a patch") from None
-    return parse_patch(entry.name, data, entry.strip)
+    return data
 
 
 def _mime_decoded(subject: str) -> str:

@@ -9,13 +9,14 @@ here; the parts, after StGit's typed git layer (stgit/lib/git), each own one con
 * objects: cat, tree_of, blob_text, blob_id, commits, subject, commit_tree;
 * worktree: is_repo, dirty_files, temp_index (the checkout and the index);
 * validate: validate_ref, validate_sha, validate_url (before any git runs);
-* patchpaths: patch_paths (the files a patch writes and reads, as git apply reads them).
+* patchpaths: patch_paths, read_together (the files a patch writes and reads, as git apply
+  reads them; read_together for a whole series at once).
 """
 
 from __future__ import annotations
 
 from sglpatch.gitcmd.objects import Objects
-from sglpatch.gitcmd.patchpaths import patch_paths
+from sglpatch.gitcmd.patchpaths import patch_paths, read_together
 from sglpatch.gitcmd.refs import Refs
 from sglpatch.gitcmd.runner import FIXED_DATE, IDENTITY_EMAIL, IDENTITY_NAME, GitError, Runner, last_line
 from sglpatch.gitcmd.validate import validate_ref, validate_sha, validate_url
@@ -30,6 +31,7 @@ __all__ = [
     "Runner",
     "last_line",
     "patch_paths",
+    "read_together",
     "validate_ref",
     "validate_sha",
     "validate_url",
