@@ -151,14 +151,16 @@ def verify_blobs(git: Git, commit: str, lock: Lock, source: str) -> None:
 
 def upstream_pin(git: Git, branch: str = UPSTREAM_BRANCH) -> str | None:
     """The pin digest recorded on the existing upstream branch (None if absent / not ours)."""
-    if git.rev(branch) is None:
-        return None
-    msg = git.run("log", "-1", "--format=%B", branch)
+    validate_ref(branch)
+    rc, out, _ = git.run("log", "-1", "--format=%H%n%B", "--end-of-options", branch, "--", check=False)  # one git run
+    if rc != 0:
+        return None  # no such branch
+    commit, _, msg = out.partition("\n")
     m = re.search(rf"^{PIN_TRAILER}: ([0-9a-f]{{64}})$", msg, re.M)
     if m:
         return m.group(1)
     recorded = (git.config_get(pin_key(branch)) or "").split()
-    if len(recorded) == 2 and recorded[1] == git.rev(branch):
+    if len(recorded) == 2 and recorded[1] == commit:
         return recorded[0]
     return None
 
