@@ -27,7 +27,8 @@ def _run(root: Path, cache: Path, *args: str) -> list[str]:
     env.update(SGLPATCH_TEST_CACHE=str(cache), PYTHONPATH=f"{TESTS}{os.pathsep}{env.get('PYTHONPATH', '')}")
     (root / "order").unlink(missing_ok=True)
     r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "harness", "-n", "1",
-                        "--dist", "loadfile", "--no-loadscope-reorder", "--rootdir", str(root), str(root), *args],
+                        "--dist", "loadfile", "--no-loadscope-reorder", "--rootdir", str(root), "--basetemp", str(root.parent / "basetemp"),
+                        str(root), *args],
                        cwd=root, env=env, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr
     return (root / "order").read_text().split()

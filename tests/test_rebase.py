@@ -352,7 +352,9 @@ def test_real_full_rebase_is_unattended(patched_tree, tmp_path):
     # the patch tests of issue 3 on the 0.5.10.post1 tree (conftest honours SGLPATCH_PATCHED_TREE)
     env = dict(os.environ, SGLPATCH_PATCHED_TREE=str(workdir), SGLPATCH_PROJECT=str(line))
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", str(ROOT / "tests" / "patches")],
+        # its own basetemp: a numbered one would prune the older runs' folders at its exit (gigabytes, inside this test)
+        [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "--basetemp", str(tmp_path / "basetemp"),
+         str(ROOT / "tests" / "patches")],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=900,
     )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
