@@ -6,7 +6,8 @@
 set -u
 SRC="$(cd "${1:-$(dirname "$0")/../..}" && pwd)"
 OUT="${TMPDIR:-/tmp}"
-probe() {
+probe() {  # "-" where the checkout has no test venv yet (scripts/test.sh builds it)
+  [ -x "$SRC/.venv/bin/python" ] || { printf -- -; return; }
   /usr/bin/time -f "%U %S" -o "$OUT/probe.t" bash -c "for i in 1 2 3 4 5; do '$SRC/.venv/bin/python' -c 'import torch'; done"
   awk '{printf "%.2f", ($1+$2)/5}' "$OUT/probe.t"
 }
