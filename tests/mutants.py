@@ -68,8 +68,8 @@ def pytest_cmd(line: str, tree: Path, tests: list[str]) -> tuple[list[str], dict
     else:
         env.update(PYTHONPATH=str(tree / "src"))
     # a basetemp of its own: a pytest that numbers its folder prunes the older numbered ones at its exit
-    return [py, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "-W", "ignore", "--basetemp", str(tree.parent / f"{tree.name}-pytest"),
-            *tests], env
+    return [py, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "-W", "ignore",
+            "--basetemp", str(tree.parent / f"{tree.name}-pytest"), *tests], env
 
 
 def build_tree(line: str, top: Path) -> Path:

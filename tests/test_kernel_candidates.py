@@ -239,7 +239,8 @@ def test_pcie_ipc_in_the_stress_run(tmp_path):
 
     out = tmp_path / "kb.json"
     cmd = [install_b(tmp_path), "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-           "--log-dir", str(tmp_path / "torchelastic"), "-m", "sglpatch.gpu.kernel.bench", "--device", "cpu", "--hidden", "64", "--stress", "240",
+           "--log-dir", str(tmp_path / "torchelastic"), "-m", "sglpatch.gpu.kernel.bench",
+           "--device", "cpu", "--hidden", "64", "--stress", "240",
            "--stress-sizes", "1,3", "--stress-batch", "48", "--backends", "pcie_ipc,b12x_twoshot,flashinfer_fused",
            "--out", str(out), "--scratch-dir", str(tmp_path)]
     env = kernel_launch.worker_env(dict(os.environ, OMP_NUM_THREADS="1"))

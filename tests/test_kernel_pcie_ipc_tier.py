@@ -27,7 +27,8 @@ def test_a_seed_leg_after_a_tune_in_one_process_is_refused(tmp_path):
     """The autotuner keeps a tune's winners in memory: by hand, in that order, the worker says so."""
     out = tmp_path / "kb.json"
     cmd = [interpreter(tmp_path, with_p5=False), "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-           "--log-dir", str(tmp_path / "torchelastic"), "-m", "sglpatch.gpu.kernel.bench", "--device", "cpu", "--hidden", "64", "--sizes", "3", "--samples", "2",
+           "--log-dir", str(tmp_path / "torchelastic"), "-m", "sglpatch.gpu.kernel.bench",
+           "--device", "cpu", "--hidden", "64", "--sizes", "3", "--samples", "2",
            "--inner", "2", "--pcie-ipc-rows", "3", "--backends", "pcie_ipc_tuned,pcie_ipc", "--out", str(out),
            "--scratch-dir", str(tmp_path)]
     env = kernel_launch.worker_env(dict(os.environ, OMP_NUM_THREADS="1", SGLPATCH_RECORD_WS=str(tmp_path / "ws.jsonl")))

@@ -196,7 +196,8 @@ def _torchrun(tmp_path, *args, timeout=180):
     _torch()
     out = tmp_path / "kb.json"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-           "--log-dir", str(tmp_path / "torchelastic"), str(ROOT / "src" / "sglpatch" / "gpu" / "kernel" / "bench.py"), "--device", "cpu", "--hidden", "64",
+           "--log-dir", str(tmp_path / "torchelastic"), str(ROOT / "src" / "sglpatch" / "gpu" / "kernel" / "bench.py"),
+           "--device", "cpu", "--hidden", "64",
            "--stress-sizes", "1,3,16", "--stress-batch", "128", "--out", str(out), *args]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=dict(os.environ, OMP_NUM_THREADS="1"))
     return r, (json.loads(out.read_text()) if out.exists() else None)

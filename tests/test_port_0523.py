@@ -137,8 +137,8 @@ def real_0523(tree, tmp_path_factory):
     out = tmp_path_factory.mktemp("real0523") / "startup-lines.jsonl"
     env = dict(os.environ, SGLPATCH_REAL_0523=str(tree / "python"), PYTHONPATH=str(tree / "python"), CUDA_VISIBLE_DEVICES="",
                HF_HUB_OFFLINE="1", SGLPATCH_0523_OUT=str(out))
-    proc = subprocess.run([str(py), "-m", "pytest", "-q", "-p", "no:cacheprovider", "-W", "ignore", "-rA", "--basetemp", str(out.parent / "basetemp"),
-                           str(ROOT / "tests" / "real_0523")],
+    proc = subprocess.run([str(py), "-m", "pytest", "-q", "-p", "no:cacheprovider", "-W", "ignore", "-rA",
+                           "--basetemp", str(out.parent / "basetemp"), str(ROOT / "tests" / "real_0523")],
                           capture_output=True, text=True, env=env, cwd=ROOT, timeout=900)
     return proc, out
 
