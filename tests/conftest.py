@@ -295,6 +295,23 @@ def git(cwd: Path, *args: str, check: bool = True) -> str:
     return proc.stdout.strip()
 
 
+@pytest.fixture
+def git_runs(monkeypatch) -> list[tuple]:
+    """The arguments of every git run the code under test makes through sglpatch.gitcmd (Runner.run),
+    in order; the runs still happen."""
+    from sglpatch.gitcmd import Runner
+
+    runs: list[tuple] = []
+    real = Runner.run
+
+    def counted(self, *args, **kw):
+        runs.append(args)
+        return real(self, *args, **kw)
+
+    monkeypatch.setattr(Runner, "run", counted)
+    return runs
+
+
 def sglpatch(*args: str, cwd: Path | None = None, env: dict | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
     """Run the real console entry point in its own process (run_cli)."""
     full_env = dict(os.environ)

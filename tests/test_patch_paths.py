@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from conftest import git
-from sglpatch.gitcmd import GitError, Runner, patchpaths
+from sglpatch.gitcmd import GitError, patchpaths
 from sglpatch.project import Project
 
 
@@ -61,17 +61,10 @@ def test_paths_of_one_patch_as_git_apply_reads_them(patches):
     assert alone(*patches["p2"]) == (both, both)
 
 
-def test_a_series_at_once_answers_as_each_alone_with_two_git_runs_per_strip(patches, monkeypatch):
+def test_a_series_at_once_answers_as_each_alone_with_two_git_runs_per_strip(patches, request):
     want = {name: alone(*p) for name, p in patches.items()}
     patchpaths._KNOWN.clear()
-    runs = []
-    real = Runner.run
-
-    def counted(self, *args, **kw):
-        runs.append(args)
-        return real(self, *args, **kw)
-
-    monkeypatch.setattr(Runner, "run", counted)
+    runs = request.getfixturevalue("git_runs")  # counted from here on
     patchpaths.read_together(list(patches.values()))
     # strip 1: all, keep.py, gone.py, newé.py (four patches, two runs); p0 and p2 are alone in theirs
     assert [(a[3], a[4] == "-R") for a in runs] == [("-p1", False), ("-p1", True)]
@@ -89,18 +82,10 @@ def test_a_patch_git_refuses_keeps_nothing_and_is_named_alone(patches, tmp_path,
     assert patchpaths.patch_paths(*patches["gone.py"]) == (["gone.py"], ["gone.py"])
 
 
-def test_a_project_reads_its_series_with_two_git_runs(project_root, monkeypatch):
-    runs = []
-    real = Runner.run
-
-    def counted(self, *args, **kw):
-        runs.append(args[0])
-        return real(self, *args, **kw)
-
+def test_a_project_reads_its_series_with_two_git_runs(project_root, git_runs):
     patchpaths._KNOWN.clear()
-    monkeypatch.setattr(Runner, "run", counted)
     project = Project.load(project_root)
-    assert len(project.patches) >= 2 and runs == ["apply", "apply"]
+    assert len(project.patches) >= 2 and [a[0] for a in git_runs] == ["apply", "apply"]
     patchpaths._KNOWN.clear()
     from sglpatch.series import read_patch
 

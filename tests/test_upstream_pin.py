@@ -5,7 +5,7 @@ commit (a branch built from git, or moved by a rebase), else none; none without 
 from __future__ import annotations
 
 from conftest import git
-from sglpatch.gitcmd import Git, Runner
+from sglpatch.gitcmd import Git
 from sglpatch.upstream.materialize import PIN_TRAILER, upstream_pin
 from sglpatch.workdir import pin_key
 
@@ -19,7 +19,7 @@ def commit(repo, message: str) -> str:
     return git(repo, "rev-parse", "HEAD").strip()
 
 
-def test_the_pin_from_the_trailer_the_config_or_none(tmp_path, monkeypatch):
+def test_the_pin_from_the_trailer_the_config_or_none(tmp_path, request):
     repo = tmp_path / "wd"
     repo.mkdir()
     git(repo, "init", "-q", "-b", "main")
@@ -28,10 +28,8 @@ def test_the_pin_from_the_trailer_the_config_or_none(tmp_path, monkeypatch):
     first = commit(repo, f"sglang 0.5.9 from the registry sdist\n\n{PIN_TRAILER}: {PIN}")
     git(repo, "branch", "upstream")
     (repo / "upstream").write_text("a file named like the branch\n")  # the ref is a revision, not a path
-    runs = []
-    real = Runner.run
-    monkeypatch.setattr(Runner, "run", lambda self, *a, **kw: runs.append(a[0]) or real(self, *a, **kw))
-    assert upstream_pin(g) == PIN and runs == ["log"]
+    runs = request.getfixturevalue("git_runs")  # counted from here on
+    assert upstream_pin(g) == PIN and [a[0] for a in runs] == ["log"]
     git(repo, "checkout", "-q", "-b", "moved")
     moved = commit(repo, "upstream at its new release, from git (no trailer)")
     git(repo, "branch", "-f", "upstream", moved)
