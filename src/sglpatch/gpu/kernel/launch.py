@@ -98,18 +98,19 @@ def common_args(prof: dict, quick: bool) -> list[str]:
     return out
 
 
-def log_dir_args(report_dir: Path) -> list[str]:
-    """torchrun's own log folder in the report's scratch: without one it makes a torchelastic_*
-    folder in TMPDIR per launch and leaves it there."""
-    return ["--log-dir", str(Path(report_dir) / "scratch" / "torchelastic")]
+def torchrun_bench(python: str, world_size: int, report_dir: Path) -> list[str]:
+    """torchrun starting the kernel bench on world_size ranks of one host, up to the bench's own
+    arguments; torchrun's log folder in the report's scratch (without one it makes a
+    torchelastic_* folder in TMPDIR per launch and leaves it there)."""
+    return [python, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(world_size),
+            "--log-dir", str(Path(report_dir) / "scratch" / "torchelastic"), "-m", "sglpatch.gpu.kernel.bench"]
 
 
 def kernel_launches(prof: dict, world_size: int, report_dir: Path, interp: dict, first: bool,
                     quick: bool = False) -> list[dict]:
     k = prof["kernel"]
     py, key = interp["python"], interp["key"]
-    torchrun = [py, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(world_size),
-                *log_dir_args(report_dir), "-m", "sglpatch.gpu.kernel.bench", *common_args(prof, quick)]
+    torchrun = [*torchrun_bench(py, world_size, report_dir), *common_args(prof, quick)]
     tag = "" if key == "A" else f"-{key}"
     tune = pcie_tune.settings(k)["tune"]
     main = [b for b in k["backends"] if not (tune and b == pcie_tune.SEED)]

@@ -49,8 +49,7 @@ def stress_launch(prof: dict, world_size: int, report_dir: Path, python: str, it
     """The --stress launch: kernel_bench --stress N over the profile's stress backends."""
     k = prof["kernel"]
     out = report_dir / "kernel-stress.json"
-    cmd = [python, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(world_size),
-           *kernel_launch.log_dir_args(report_dir), "-m", "sglpatch.gpu.kernel.bench",
+    cmd = [*kernel_launch.torchrun_bench(python, world_size, report_dir),
            "--stress", str(iterations), "--stress-sizes", ",".join(map(str, k["stress_sizes"])),
            "--hidden", str(k["hidden"]), "--backends", ",".join(k["stress_backends"]),
            "--modes", ",".join(k["stress_modes"]), "--stress-step-timeout", str(k["stress_step_timeout_s"]),
