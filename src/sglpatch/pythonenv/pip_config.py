@@ -12,7 +12,6 @@ Torch is never installed or upgraded here: a plan that would is refused in one l
 
 from __future__ import annotations
 
-import ast
 import json
 import subprocess
 import sys
@@ -24,10 +23,10 @@ from pathlib import Path
 
 from sglpatch.errors import SglpatchError
 from sglpatch.pythonenv.interpreter import norm_name as norm
+from sglpatch.upstream import pkgindex
 
 NEVER = ("torch",)  # an install into the serving Python never installs or upgrades these
 _UV = {"index-url": "--index-url", "extra-index-url": "--extra-index-url", "find-links": "--find-links", "constraint": "--constraints"}
-_RANK = {"global": 0, "install": 1, ":env:": 2}
 
 
 def pip_cmd(python: str) -> list[str]:
@@ -38,19 +37,9 @@ def pip_cmd(python: str) -> list[str]:
 
 
 def config() -> dict[str, list[str]]:
-    """pip's settings that decide where packages come from and which versions may come:
-    {name: values}, the most specific place winning (a PIP_* variable over [install] over [global])."""
-    out = subprocess.run([sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True, cwd="/").stdout
-    got: dict[str, tuple[int, str]] = {}
-    for line in out.splitlines():
-        key, eq, value = line.partition("=")
-        where, _, name = key.rpartition(".")
-        if eq and (name in _UV or name == "no-index") and where in _RANK and _RANK[where] >= got.get(name, (-1, ""))[0]:
-            try:
-                got[name] = (_RANK[where], str(ast.literal_eval(value)))
-            except (ValueError, SyntaxError):
-                continue
-    return {name: value.split() for name, (_, value) in got.items()}
+    """pip's settings that decide where packages come from and which versions may come, as pip
+    install reads them: {name: values}, a PIP_* variable over [install] over [global]."""
+    return pkgindex.pip_settings("install")
 
 
 def uv_args(conf: dict[str, list[str]] | None = None) -> list[str]:

@@ -1,7 +1,7 @@
 """The package index, read: which sdists and wheels it lists for a project, with the sha256 it
 publishes for each (PEP 691 JSON, or the ``#sha256=`` fragment of a PEP 503 HTML page), from the
-index pip is configured with (``PIP_INDEX_URL`` / ``pip config get global.index-url``, else
-PyPI) or another one named; which releases it offers and which file of a release to take. The
+index pip is configured with (``PIP_INDEX_URL``, else pip's settings as ``pip_settings`` reads
+them, else PyPI) or another one named; which releases it offers and which file of a release to take. The
 index is untrusted input: odd file names and URLs are ignored, an answer of the wrong shape is
 one line. Its last answer is kept in the cache and used, with a warning, when it does not
 answer. Downloading what it lists is ``sglpatch.upstream.artifacts``'.
@@ -9,6 +9,7 @@ answer. Downloading what it lists is ``sglpatch.upstream.artifacts``'.
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import re
@@ -47,16 +48,36 @@ class Artifact:
     url: str
 
 
+# pip's settings of where packages come from (pip download and pip install read them; uv reads none)
+PIP_SOURCES = ("index-url", "extra-index-url", "find-links", "constraint", "no-index")
+
+
+def pip_settings(command: str) -> dict[str, list[str]]:
+    """pip's settings of PIP_SOURCES as ``pip <command>`` reads them, from ``pip config list`` (every
+    file pip reads, PIP_CONFIG_FILE's included, and the PIP_* variables): {name: values}, the most
+    specific place winning (a PIP_* variable over [command] over [global])."""
+    rank = {"global": 0, command: 1, ":env:": 2}
+    out = subprocess.run([sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True, cwd="/").stdout
+    got: dict[str, tuple[int, str]] = {}
+    for line in out.splitlines():
+        key, eq, value = line.partition("=")
+        where, _, name = key.rpartition(".")
+        if eq and name in PIP_SOURCES and where in rank and rank[where] >= got.get(name, (-1, ""))[0]:
+            try:
+                got[name] = (rank[where], str(ast.literal_eval(value)))
+            except (ValueError, SyntaxError):
+                continue
+    return {name: value.split() for name, (_, value) in got.items()}
+
+
 @lru_cache(maxsize=None)
 def index_url() -> str:
+    """The index ``pip download`` reads: PIP_INDEX_URL, else its configured index-url, else PyPI."""
     url = os.environ.get("PIP_INDEX_URL")
     if not url:
         try:
-            out = subprocess.run(
-                [sys.executable, "-m", "pip", "config", "get", "global.index-url"], capture_output=True, text=True, timeout=30
-            )
-            url = out.stdout.strip() if out.returncode == 0 else ""
-        except (OSError, subprocess.TimeoutExpired):
+            url = (pip_settings("download").get("index-url") or [""])[-1]
+        except (OSError, subprocess.SubprocessError):
             url = ""
     return (url or DEFAULT_INDEX).rstrip("/")
 
