@@ -91,12 +91,13 @@ VENV0523="${SGLPATCH_TEST_VENV_0523:-$HERE/.venv-0523}"
 REQS0523="$(sha256sum requirements-test-0523.txt | cut -c1-16) no-deps"
 purelib() { "$1" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])"; }
 build_0523() {
-  rm -rf "$VENV0523" && "$PY" -m venv "$VENV0523" || return 1
+  # no pip of its own (ensurepip: 3.4 CPU-s beside the tests); the test venv's pip installs into it
+  rm -rf "$VENV0523" && "$PY" -m venv --without-pip "$VENV0523" || return 1
   purelib "$PY" > "$(purelib "$VENV0523/bin/python")/_sglpatch_parent.pth" || return 1
   # --no-deps, every package pinned: nothing to resolve (a resolver that does not count the .pth's
   # packages as installed, uv's, would add a second torch of 5.4 GB for compressed-tensors)
   install_with_uv "$VENV0523/bin/python" --no-deps -r requirements-test-0523.txt \
-    || "$VENV0523/bin/python" -m pip install -q --disable-pip-version-check --no-deps -r requirements-test-0523.txt
+    || "$PY" -m pip --python "$VENV0523/bin/python" install -q --disable-pip-version-check --no-deps -r requirements-test-0523.txt
 }
 build_or_skip_0523() {
   if build_0523; then

@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import harness
 
 TESTS = Path(__file__).resolve().parent
@@ -79,3 +81,18 @@ def test_the_kept_file_names_only_tests_that_exist():
     kept = json.loads(harness.KEPT.read_text())
     assert kept and all((TESTS.parent / k.split("::")[0]).is_file() for k in kept)
     assert all(isinstance(v, (int, float)) and v >= 0 for v in kept.values())
+
+
+@pytest.mark.skipif(os.path.exists("/dev/nvidiactl"), reason="a GPU box: the GPU test files import torch to see its GPUs")
+def test_collecting_the_suite_does_not_import_torch(tmp_path):
+    """Every xdist worker collects every file: a file that imports torch at collection costs each
+    worker 1.5-2 CPU-s (tests/gpu/ skips first where no NVIDIA driver is)."""
+    code = ("import sys, pytest\n"
+            f"rc = pytest.main(['-q', '-p', 'no:cacheprovider', '--collect-only', '--basetemp', {str(tmp_path / 'bt')!r},\n"
+            f"                  {str(TESTS)!r}])\n"
+            "print('torch imported:', 'torch' in sys.modules, [m for m in ('sglang', 'transformers') if m in sys.modules])\n"
+            "sys.exit(rc)\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SGLPATCH_TEST_CPU", "PYTEST_"))}
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=TESTS.parent, timeout=300)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
+    assert r.stdout.splitlines()[-1] == "torch imported: False []", r.stdout[-3000:]

@@ -26,6 +26,8 @@ except ImportError:  # script mode on a bare GPU box: torch only
     pytest = None
 
 if pytest is not None:
+    if not os.path.exists("/dev/nvidiactl"):  # no NVIDIA driver: skipped before torch loads (every xdist worker collects this)
+        pytest.skip("needs a CUDA GPU: no NVIDIA driver here (/dev/nvidiactl)", allow_module_level=True)
     torch = pytest.importorskip("torch")
     pytestmark = [
         pytest.mark.gpu,
