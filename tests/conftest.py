@@ -58,8 +58,8 @@ def test_cache() -> Path:
 TEST_CACHE = test_cache()
 os.environ["SGLPATCH_TEST_CACHE"] = os.environ["SGLPATCH_CACHE"] = str(TEST_CACHE)
 # pip's index, asked of pip once for the run and handed on as PIP_INDEX_URL, where pip and uv read
-# it as they read the configuration: sglpatch.upstream.pkgindex.index_url asks `pip config get
-# global.index-url` when it is unset (0.23 CPU-s, in 105 of the suite's processes).
+# it as they read the configuration: sglpatch.upstream.pkgindex.index_url asks `pip config list`
+# when it is unset (0.23 CPU-s, in 105 of the suite's processes).
 # tests/test_pip_index.py runs that lookup itself, with real pip and a real pip.conf.
 if "PIP_INDEX_URL" not in os.environ:
     from sglpatch.upstream import pkgindex
