@@ -66,33 +66,21 @@ fi
 # pip's configuration, so its indexes, find-links and constraints are handed over, with pip's
 # choice of the best version from any index. pip when uv cannot be had or fails;
 # SGLPATCH_TEST_PIP=1 always.
-uv_pip_config() {  # the pip configuration as uv options, one a line
-  "$PY" - <<'EOF_PY'
-import ast, subprocess, sys
-out = subprocess.run([sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True).stdout
-opts = {"index-url": "--index-url", "extra-index-url": "--extra-index-url", "find-links": "--find-links", "constraint": "--constraints"}
-rank, got = {"global": 0, "install": 1, ":env:": 2}, {}
-for line in out.splitlines():
-    key, eq, value = line.partition("=")
-    where, _, name = key.rpartition(".")
-    if eq and name in opts and where in rank and rank[where] >= got.get(name, (-1, ""))[0]:
-        got[name] = (rank[where], ast.literal_eval(value))
-for name, (_, value) in got.items():
-    for v in value.split():
-        print(opts[name])
-        print(v)
-EOF_PY
+uv_pip_config() {  # the pip configuration as uv options, one a line: sglpatch's own translation
+  # (src/sglpatch/pythonenv/pip_config.py, standard library only, so the bare venv runs it)
+  PYTHONPATH="$HERE/src" "$PY" -c 'from sglpatch.pythonenv.pip_config import uv_args; print(*uv_args(), sep="\n")'
 }
 UV="$(dirname "$PY")/uv"  # the test venv's own (requirements-test.txt pins it)
 install_with_uv() {  # install_with_uv PYTHON ARGS...: non-zero when uv is not there or fails
   [ -z "${SGLPATCH_TEST_PIP:-}" ] || return 1
-  local into="$1" cfg
+  local into="$1" cfg out
   shift
   [ -x "$UV" ] || "$PY" -m pip install -q --disable-pip-version-check uv==0.13.9 >/dev/null 2>&1 || return 1
   [ -x "$UV" ] || return 1
-  mapfile -t cfg < <(uv_pip_config) || return 1
+  out="$(uv_pip_config)" || return 1
+  mapfile -t cfg <<<"$out"
   # no --compile-bytecode: the suite's processes write the bytecode of what they import (below)
-  "$UV" pip install -q --python "$into" --index-strategy unsafe-best-match "${cfg[@]}" "$@"
+  "$UV" pip install -q --python "$into" "${cfg[@]}" "$@"
 }
 echo "test.sh: installing test requirements into $PY (no-op when present; the first time takes minutes)" >&2
 if ! install_with_uv "$PY" -r requirements-test.txt -e ".[dev]"; then
