@@ -152,4 +152,40 @@ if [ "$JOBS" != 1 ] && [ "$JOBS" != 0 ] && "$PY" -c "import xdist" 2>/dev/null; 
   # the durations earlier runs measured (tests/harness.py orders them)
   ARGS+=(-n "$JOBS" --dist loadfile --no-loadscope-reorder)
 fi
-exec "$PY" -m pytest -q -p no:cacheprovider --durations=15 "${ARGS[@]}" "$@"
+# The tests' temporary files: a folder of this run's own, on a tmpfs (/dev/shm) when there is one
+# with room, else under $TMPDIR. A run writes and removes some 11 GB of small files; on an ext4
+# without a journal (this machine's root filesystem, and CI's) each file created among recently
+# deleted ones makes the kernel scan their inodes (ext4's recently_deleted()): the two
+# failure-mode files locks and rebase_state took 78 CPU-s there (54 of them the kernel's) and 36 on
+# the tmpfs. A passed test's folder is removed as it ends (tmp_path_retention_policy), the whole
+# folder after a green run; a failed run keeps its failed tests' folders and says where.
+# SGLPATCH_TEST_TMP=DIR puts the folder under DIR instead.
+SHM_NEED_KB=$(( 6 * 1024 * 1024 ))  # a whole run held at most 1.4 GB there at once (measured)
+roomy_tmpfs() {  # roomy_tmpfs DIR: a writable tmpfs with SHM_NEED_KB free, in free memory too
+  [ "$(stat -f -c %T "$1" 2>/dev/null)" = tmpfs ] && [ -w "$1" ] \
+    && [ "$(df -Pk "$1" | awk 'NR == 2 {print $4}')" -ge "$SHM_NEED_KB" ] \
+    && [ "$(awk '/^MemAvailable:/ {print $2}' /proc/meminfo)" -ge $(( 2 * SHM_NEED_KB )) ]
+}
+TESTS_TMP_BASE="${SGLPATCH_TEST_TMP:-}" DISK_TMP=""
+if [ -z "$TESTS_TMP_BASE" ]; then
+  TESTS_TMP_BASE="${TMPDIR:-/tmp}"
+  if roomy_tmpfs /dev/shm; then
+    TESTS_TMP_BASE=/dev/shm
+    # and a folder on disk for the tests whose new venv meets apply's disk check (~25 GiB free
+    # where a venv is made when the resolver gives no sizes: tests/conftest.py disk_tmp_path)
+    DISK_TMP="$(mktemp -d "${TMPDIR:-/tmp}/sglpatch-tests-disk.XXXXXX")"
+    export SGLPATCH_TEST_DISK_TMP="$DISK_TMP"
+  fi
+fi
+TESTS_TMP="$(mktemp -d "$TESTS_TMP_BASE/sglpatch-tests.XXXXXX")"
+export TMPDIR="$TESTS_TMP"
+rc=0
+"$PY" -m pytest -q -p no:cacheprovider --durations=15 --basetemp "$TESTS_TMP/pytest" \
+  -o tmp_path_retention_policy=failed "${ARGS[@]}" "$@" || rc=$?
+if [ "$rc" = 0 ] || [ "$rc" = 5 ]; then
+  rm -rf "$TESTS_TMP" ${DISK_TMP:+"$DISK_TMP"}
+else
+  echo "test.sh: this run's temporary files (the failed tests' folders) are in $TESTS_TMP${DISK_TMP:+ and $DISK_TMP};" \
+    "remove them when done" >&2
+fi
+exit "$rc"

@@ -127,6 +127,17 @@ def project_copy(tmp_path) -> Path:
     return copy_project(tmp_path / "project")
 
 
+@pytest.fixture
+def disk_tmp_path(request, tmp_path_factory) -> Path:
+    """A test's temporary folder on a disk. scripts/test.sh puts tmp_path on a tmpfs when there is
+    one with room and names a folder on disk in SGLPATCH_TEST_DISK_TMP: for the tests whose new venv
+    meets apply's preflight disk check (~25 GiB free where a venv is made when the resolver gives
+    no sizes), more than a tmpfs the size of the machine's memory has. Elsewhere a tmp_path of its own."""
+    name = re.sub(r"\W", "_", request.node.name)[:30]
+    disk = os.environ.get("SGLPATCH_TEST_DISK_TMP")
+    return Path(tempfile.mkdtemp(prefix=f"{name}-", dir=disk)) if disk else tmp_path_factory.mktemp(name)
+
+
 @pytest.fixture(scope="session")
 def sdist_059() -> Path:
     with cache_lock():

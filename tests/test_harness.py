@@ -96,3 +96,18 @@ def test_collecting_the_suite_does_not_import_torch(tmp_path):
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=TESTS.parent, timeout=300)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
     assert r.stdout.splitlines()[-1] == "torch imported: False []", r.stdout[-3000:]
+
+
+def _fstype(path: Path) -> str:
+    return subprocess.run(["stat", "-f", "-c", "%T", str(path)], capture_output=True, text=True, check=True).stdout.strip()
+
+
+def test_tmp_path_on_the_tmpfs_test_sh_chose_and_disk_tmp_path_on_disk(tmp_path, disk_tmp_path):
+    """scripts/test.sh put the tests' temporary files on a tmpfs (SGLPATCH_TEST_DISK_TMP names its
+    folder on disk then): tmp_path and TMPDIR there, disk_tmp_path (the new venvs that meet
+    preflight's 25 GiB disk check) in that folder on disk."""
+    disk = os.environ.get("SGLPATCH_TEST_DISK_TMP")
+    if not disk:
+        pytest.skip("scripts/test.sh did not put the tests' temporary files on a tmpfs in this run")
+    assert _fstype(tmp_path) == _fstype(os.environ["TMPDIR"]) == "tmpfs"
+    assert disk_tmp_path.parent == Path(disk) and _fstype(disk_tmp_path) != "tmpfs"

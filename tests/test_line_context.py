@@ -347,7 +347,7 @@ def test_the_wheel_for_another_python_must_carry_the_locks_sources(tmp_path):
     assert not any(tmp_path.rglob("*"))
 
 
-def test_a_new_venv_of_another_cpython_gets_the_releases_own_extensions(tmp_path, co):
+def test_a_new_venv_of_another_cpython_gets_the_releases_own_extensions(tmp_path, disk_tmp_path, co):
     """Fault 8 through --venv NEWDIR: the new venv is of the base Python's CPython (3.12 to apply's
     probe), so the line's cp311 tree takes the release's own cp312 extensions before the install
     into the new venv (the plan: a fake release artifact on a local index, as tests/test_venv_preflight.py);
@@ -363,16 +363,16 @@ def test_a_new_venv_of_another_cpython_gets_the_releases_own_extensions(tmp_path
                     f"exec {base} \"$@\"\n")
     shim.chmod(0o755)
     env = dict(PIP_FIND_LINKS=str(index), PATH=f"{tmp_path / 'nobin'}:{os.environ['PATH']}")
-    args = ("apply", "--line", LINE, "--source", "sdist", "--venv", str(tmp_path / "new"), "--release-artifact", str(art),
+    args = ("apply", "--line", LINE, "--source", "sdist", "--venv", str(disk_tmp_path / "new"), "--release-artifact", str(art),
             "--python", str(shim), "--installer", "pip")
     res = _run(tmp_path, co, *args, **env)
     assert res.returncode == 2 and "(Python 3.9)" in res.stderr and "--venv NEWDIR --python PY3.11" in res.stderr, res.stderr[-2000:]
-    assert not (tmp_path / "new").exists() and not (tmp_path / f"fork-{LINE}").exists()
+    assert not (disk_tmp_path / "new").exists() and not (tmp_path / f"fork-{LINE}").exists()
     shim.write_text(shim.read_text().replace("cp39", "cp312"))
     res = _run(tmp_path, co, *args, **env)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
     wd = tmp_path / f"fork-{LINE}"
     assert "for Python 3.12: " in res.stderr and list(wd.rglob("*.cpython-312-x86_64-linux-gnu.so")), res.stderr[-2000:]
-    assert f"installed sglang {LINE} editable from {wd}/python into {tmp_path / 'new'}/bin/python" in res.stdout
+    assert f"installed sglang {LINE} editable from {wd}/python into {disk_tmp_path / 'new'}/bin/python" in res.stdout
     assert git(wd, "status", "--porcelain") == "" and "sglpatch-fake-dep" in subprocess.run(
-        [str(tmp_path / "new" / "bin" / "python"), "-m", "pip", "list"], capture_output=True, text=True).stdout
+        [str(disk_tmp_path / "new" / "bin" / "python"), "-m", "pip", "list"], capture_output=True, text=True).stdout

@@ -21,7 +21,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from test_venv_preflight import env, fails, release, tool  # noqa: F401  (env: the fixture)
+from test_venv_preflight import env, fails, release, tmp_path, tool  # noqa: F401  (env, tmp_path: the fixtures)
 
 from conftest import ROOT
 

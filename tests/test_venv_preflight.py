@@ -60,6 +60,13 @@ def tool(bindir: Path, name: str, stdout: str) -> None:
 
 
 @pytest.fixture
+def tmp_path(disk_tmp_path):
+    """The new venvs here meet apply's preflight disk check (~25 GiB free where a venv goes when the
+    resolver gives no sizes): on a disk, not on the tmpfs scripts/test.sh may put tmp_path on."""
+    return disk_tmp_path
+
+
+@pytest.fixture
 def env(tmp_path):
     """PATH with a fake-tools dir first; the registry replaced by a local find-links index."""
     fake = tmp_path / "fakebin"

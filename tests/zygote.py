@@ -34,6 +34,8 @@ for name in sys.argv[1:]:
         importlib.import_module(name)
     except Exception:
         pass
+import gc
+gc.freeze()  # what was imported stays out of each child's collections (and its pages shared)
 print("ready" if threading.active_count() == 1 else "threads", file=proto, flush=True)
 
 def child(req):
