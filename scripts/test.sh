@@ -26,6 +26,8 @@ set -euo pipefail
 if [[ "${1:-}" == -h || "${1:-}" == --help ]]; then usage; exit 0; fi
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$HERE"
+# uv as the test requirements pin it (bootstrapped below before they are installed)
+UV_PIN="$(grep -m1 -E '^uv==' requirements-test.txt)" || { echo "test.sh: requirements-test.txt pins no uv" >&2; exit 2; }
 # A new test venv gets its pip (the tests run it) from the interpreter's own bundled wheel,
 # installed by uv, which python3's pip puts in first (0.2 s and 1.5 s); ensurepip where that
 # cannot be done (3.6 s: pip installs itself and compiles each of its files).
@@ -35,7 +37,7 @@ venv_pip() {  # venv_pip PYTHON
   [ -x "$bin/pip" ] && return 0
   whl="$("$py" -c 'import ensurepip, glob, os; print(*glob.glob(os.path.join(os.path.dirname(ensurepip.__file__), "_bundled", "pip-*.whl")))' 2>/dev/null || true)"
   if [ -z "${SGLPATCH_TEST_PIP:-}" ] && [ -f "$whl" ] \
-    && { [ -x "$bin/uv" ] || python3 -m pip --python "$py" install -q --disable-pip-version-check uv==0.13.9 >/dev/null 2>&1; } \
+    && { [ -x "$bin/uv" ] || python3 -m pip --python "$py" install -q --disable-pip-version-check "$UV_PIN" >/dev/null 2>&1; } \
     && "$bin/uv" pip install -q --python "$py" --no-deps "$whl" >/dev/null 2>&1; then
     return 0
   fi
@@ -75,7 +77,7 @@ install_with_uv() {  # install_with_uv PYTHON ARGS...: non-zero when uv is not t
   [ -z "${SGLPATCH_TEST_PIP:-}" ] || return 1
   local into="$1" cfg out
   shift
-  [ -x "$UV" ] || "$PY" -m pip install -q --disable-pip-version-check uv==0.13.9 >/dev/null 2>&1 || return 1
+  [ -x "$UV" ] || "$PY" -m pip install -q --disable-pip-version-check "$UV_PIN" >/dev/null 2>&1 || return 1
   [ -x "$UV" ] || return 1
   out="$(uv_pip_config)" || return 1
   mapfile -t cfg <<<"$out"
