@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import venv
 from pathlib import Path
 
 import pytest
@@ -106,3 +107,29 @@ def test_relative_workdir(project_copy, tmp_path):
     assert git(tmp_path / "fork", "rev-parse", "--abbrev-ref", "HEAD") == "patched"
     proc = sglpatch_inproc("export", "--project", str(project_copy), "--workdir", "fork", cwd=tmp_path)
     assert proc.returncode == 0 and "0 written" in proc.stdout, proc.stdout + proc.stderr
+
+
+def _bare_venv(where: Path) -> Path:
+    """A venv without pip and without any of sglang's dependencies: `import sglang` fails in it."""
+    venv.EnvBuilder(with_pip=False, symlinks=True).create(where)  # as `python -m venv` makes it
+    return where / "bin" / "python"
+
+
+@pytest.mark.parametrize("spelling", ["venv/bin/python", "../here/venv/bin/python"])
+def test_a_relative_python_is_taken_from_the_callers_directory(project_copy, tmp_path, spelling, monkeypatch):
+    """Issue 50: --python ../env/bin/python was probed from / and refused; it is the caller's path, the
+    venv's bin/python kept as the link it is (abspath, not realpath: its target is the base Python, outside
+    the venv). --no-install here: a regression to realpath would install into that base Python."""
+    from sglpatch.argtypes import python_path
+
+    here = tmp_path / "here"
+    py = _bare_venv(here / "venv")
+    monkeypatch.chdir(here)
+    assert py.is_symlink() and python_path(spelling) == str(py) and python_path("python3") == "python3"
+    proc = sglpatch("apply", "--project", str(project_copy), "--workdir", str(tmp_path / "fork"), "--source", "sdist",
+                    "--python", spelling, "--no-install", cwd=here)
+    assert proc.returncode == 0 and "carries" in proc.stdout, proc.stdout + proc.stderr
+    proc = sglpatch("regress", "--project", str(project_copy), "--tier", "cpu", "--python", spelling, "--report-dir", str(tmp_path / "r"),
+                    cwd=here)
+    assert "does not run as a Python interpreter" not in proc.stderr and "no such file" not in proc.stderr, proc.stderr
+    assert f"--python {py}" in (tmp_path / "r" / "report.json").read_text() and "tier cpu: " in proc.stdout, proc.stdout + proc.stderr

@@ -6,6 +6,7 @@ dependencies."""
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -21,6 +22,19 @@ def positive(text: str) -> float:
     if not (value > 0 and value != float("inf")):
         raise argparse.ArgumentTypeError(f"{text!r} must be a positive number")
     return value
+
+
+def python_path(text: str) -> str:
+    """argparse type of --python: a path is the caller's, made absolute here (the interpreter is asked
+    from /), its links kept (a venv's bin/python is one: abspath, never realpath); a bare name
+    (python3) stays for PATH to find."""
+    exe = os.path.expanduser(text)
+    return os.path.abspath(exe) if os.sep in exe else exe
+
+
+def python_paths(text: str) -> str:
+    """argparse type of a comma-separated list of interpreters (regress --python A,B, --ab A,B)."""
+    return ",".join(python_path(p.strip()) if p.strip() else p for p in text.split(","))
 
 
 _warned: set[str] = set()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import sys
 
 from sglpatch import cliargs, exitcodes
+from sglpatch.argtypes import python_path
 from sglpatch.errors import SglpatchError, say
 
 NAME = "apply"
@@ -35,7 +36,7 @@ def register(p) -> None:
     cliargs.add_timeout(up, "--probe-timeout", "how long --source auto waits for the git URL", default=8.0)
     inst = p.add_argument_group("where it is installed")
     inst.add_argument("--no-install", action="store_true", help="only build the tree: nothing is installed anywhere")
-    inst.add_argument("--python", help="interpreter to install into, a venv's (default: this one; refused when it is the system's, PEP 668)")
+    inst.add_argument("--python", type=python_path, help="interpreter to install into, a venv's (default: this one; refused when it is the system's, PEP 668)")
     inst.add_argument("--installer", choices=["auto", "pip", "uv"], default="auto", help="auto: uv when found, else pip")
     inst.add_argument("--other-release", action="store_true", help="install into a --python that serves another SGLang release "
                       "(its dependencies stay that release's); refused without it: use --venv NEWDIR for a complete venv")

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import argparse
 
-from sglpatch.argtypes import deprecated, positive
+from sglpatch.argtypes import deprecated, positive, python_path, python_paths
 
 TIERS = ("cpu", "kernel", "server")
 
@@ -17,7 +17,7 @@ DOCTOR_DESCRIPTION = ("Check the box before a load: stale GPU processes, the ser
 
 def doctor_arguments(p: argparse.ArgumentParser) -> None:
     """The options of `sglpatch doctor` (also `python -m sglpatch.gpu.doctor`)."""
-    p.add_argument("--python", help="the interpreter that serves (default: the profile's [server] python, else this one)")
+    p.add_argument("--python", type=python_path, help="the interpreter that serves (default: the profile's [server] python, else this one)")
     p.add_argument("--profile", help="targets/NAME.toml or NAME: its [env], [server] and [model] are compared")
     p.add_argument("--project", help="the sglpatch checkout (series, targets/; default: found from cwd)")
     p.add_argument("--json", metavar="FILE", help="also write every check as JSON to FILE ('-': standard output, after the lines)")
@@ -62,7 +62,7 @@ def regress_arguments(p: argparse.ArgumentParser) -> None:
     deprecated(p, "--report", "--report-dir", dest="report_dir", metavar="DIR")
     p.add_argument("--baseline", help="a previous report.json to compare kernel latencies with (same hardware only)")
     p.add_argument("--project", help="the sglpatch checkout holding targets/ and tests/ (default: found from cwd)")
-    p.add_argument("--python", metavar="PATH[,PATH2]",
+    p.add_argument("--python", type=python_paths, metavar="PATH[,PATH2]",
                    help="the Python under test, every tier (default: cpu tier: the one `apply` installed the workdir "
                    "into, else the profile's; kernel/server: the profile's); kernel tier: A,B runs the bench in each "
                    "interpreter (e.g. the 0.5.9 and the 0.5.23 venv) and merges the rows, each labelled with its versions")
@@ -79,7 +79,7 @@ def regress_arguments(p: argparse.ArgumentParser) -> None:
                    "default: every mode not marked optional")
     p.add_argument("--parity-with", metavar="REPORT_DIR",
                    help="server tier: greedy outputs of each mode must equal those of the same mode in REPORT_DIR")
-    p.add_argument("--ab", metavar="A_PYTHON,B_PYTHON",
+    p.add_argument("--ab", type=python_paths, metavar="A_PYTHON,B_PYTHON",
                    help="server tier: run the same modes, profile and prompts with two installs (A's, then B's "
                    "interpreter) and report them side by side with B/A ratios (each side gated as usual; the "
                    "comparison only reports)")
