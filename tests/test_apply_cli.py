@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
+import sys
 import venv
 from pathlib import Path
 
@@ -113,6 +115,29 @@ def _bare_venv(where: Path) -> Path:
     """A venv without pip and without any of sglang's dependencies: `import sglang` fails in it."""
     venv.EnvBuilder(with_pip=False, symlinks=True).create(where)  # as `python -m venv` makes it
     return where / "bin" / "python"
+
+
+def _uv_env() -> dict:
+    return {"PATH": f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}"}
+
+
+def test_warm_apply_into_a_venv_without_sglangs_dependencies_reinstalls_nothing(project_copy, tmp_path):
+    """Issue 50: the "already installed" check imported sglang, which fails where its dependencies are
+    missing, so every warm apply reinstalled it; now the install record (dist metadata) answers."""
+    if shutil.which("uv", path=_uv_env()["PATH"]) is None:
+        pytest.skip("uv not installed (requirements-test.txt installs it)")
+    py = _bare_venv(tmp_path / "venv")
+    args = ["apply", "--project", str(project_copy), "--workdir", str(tmp_path / "fork"), "--source", "sdist", "--python", str(py),
+            "--installer", "uv"]
+    proc = sglpatch(*args, env=_uv_env())
+    assert proc.returncode == 0 and "sglpatch: installing: " in proc.stderr, proc.stdout + proc.stderr
+    assert "cannot import sglang yet" in proc.stdout  # the venv lacks sglang's dependencies, as the user's did
+    (dist,) = (tmp_path / "venv").glob("lib/python*/site-packages/sglang-*.dist-info")
+    before = (dist.stat().st_mtime_ns, (dist / "RECORD").stat().st_mtime_ns)
+    proc = sglpatch(*args, env=_uv_env())
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "sglpatch: installing" not in proc.stderr and "already installed editable" in proc.stdout, proc.stdout + proc.stderr
+    assert dist.is_dir() and (dist.stat().st_mtime_ns, (dist / "RECORD").stat().st_mtime_ns) == before
 
 
 @pytest.mark.parametrize("spelling", ["venv/bin/python", "../here/venv/bin/python"])

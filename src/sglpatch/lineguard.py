@@ -39,6 +39,11 @@ def _norm(v: str) -> str:
         return v
 
 
+def same_version(a: str, b: str) -> bool:
+    """Two version strings name the same release (PEP 440: 0.5.10.post1 == 0.5.10post1)."""
+    return _norm(a) == _norm(b)
+
+
 def guard_release(python: str, line, opt: str, allowed: bool, workdir: Path) -> None:
     """Refuse to install line's tree into python while python serves another SGLang release (from
     elsewhere than workdir's tree), unless allowed (--other-release)."""
@@ -46,7 +51,7 @@ def guard_release(python: str, line, opt: str, allowed: bool, workdir: Path) -> 
     if facts is None or not facts[0] or allowed:
         return
     have, origin, _ = facts
-    if _norm(have) == _norm(line.release):
+    if same_version(have, line.release):
         return
     if origin and Path(origin).resolve().is_relative_to((Path(workdir) / "python").resolve()):
         return  # its own tree: apply's move guard decides (sglpatch.lines.guard_move)

@@ -89,6 +89,17 @@ def guard_serving(workdir: Path, moving: str, fix: str) -> None:
         )
 
 
+def installed_from(python: str, src: Path, version: str | None) -> bool:
+    """Whether python's install record says sglang (version, when given) is installed and found in src,
+    read without importing sglang (a venv without sglang's dependencies fails the import)."""
+    from sglpatch import lineguard
+
+    facts = lineguard.probe(python)
+    if facts is None or not facts[0] or not facts[1] or not Path(facts[1]).resolve().is_relative_to(Path(src).resolve()):
+        return False
+    return version is None or lineguard.same_version(facts[0], version)
+
+
 def installed_sglang(python: str) -> tuple[str, str] | None:
     """(path, version) of the sglang that python imports, or None."""
     code = "import sglang, sys; print(sglang.__file__); print(getattr(sglang, '__version__', '?'))"
@@ -151,8 +162,7 @@ def install(workdir: Path, python: str | None = None, installer: str = "auto", v
         raise SglpatchError(f"python interpreter {py} not found; pass --python PATH")
     src = workdir / "python"
     record(workdir, py)  # first: a kill between pip and here must not leave the tree unguarded
-    have = installed_sglang(py)
-    if have and Path(have[0]).resolve().is_relative_to(src.resolve()):
+    if installed_from(py, src, version):
         return f"sglang already installed editable from {src} for {py}"
     uv = find_uv() if installer in ("auto", "uv") else None
     if installer == "uv" and not uv:
