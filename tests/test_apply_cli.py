@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import subprocess
 import sys
+import threading
 import venv
 from pathlib import Path
 
@@ -158,3 +160,41 @@ def test_a_relative_python_is_taken_from_the_callers_directory(project_copy, tmp
                     cwd=here)
     assert "does not run as a Python interpreter" not in proc.stderr and "no such file" not in proc.stderr, proc.stderr
     assert f"--python {py}" in (tmp_path / "r" / "report.json").read_text() and "tier cpu: " in proc.stdout, proc.stdout + proc.stderr
+
+
+def _black_hole() -> tuple[str, list, socket.socket]:
+    """An https URL on 127.0.0.1 whose server takes each connection and never answers (traffic silently
+    dropped), and the list of connections it took."""
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(8)
+    taken: list = []
+
+    def take():
+        while True:
+            try:
+                taken.append(srv.accept()[0])
+            except OSError:
+                return
+
+    threading.Thread(target=take, daemon=True).start()
+    return f"https://127.0.0.1:{srv.getsockname()[1]}/sglang", taken, srv
+
+
+def test_a_warm_apply_does_not_probe_the_git_url(project_copy, tmp_path):
+    """Issue 50: --source auto probed upstream.url on every apply (8 s where traffic is dropped); when the
+    workdir's upstream branch already holds the lock's tree there is nothing to fetch, and no probe."""
+    url, taken, srv = _black_hole()
+    args = ["apply", "--project", str(project_copy), "--workdir", str(tmp_path / "fork"), "--source", "auto", "--upstream-url", url,
+            "--probe-timeout", "1", "--no-install"]
+    try:
+        proc = sglpatch(*args)
+        assert proc.returncode == 0 and "source: sdist (" in proc.stderr and "127.0.0.1" in proc.stderr, proc.stderr
+        assert len(taken) >= 1  # the cold apply probed it
+        n = len(taken)
+        proc = sglpatch(*args)
+    finally:
+        srv.close()
+    assert proc.returncode == 0 and "up to date" in proc.stdout, proc.stdout + proc.stderr
+    assert len(taken) == n, f"the warm apply connected to {url}"
+    assert "source: the workdir's upstream branch" in proc.stderr and "not probed" in proc.stderr, proc.stderr

@@ -49,10 +49,13 @@ class Context:
         held = self.held()
         return (held if held and not self.line_given else self.line), held
 
-    def source(self, given: str, url: str | None = None, timeout: float = 8.0, onto: tuple[str, str] | None = None) -> str:
+    def source(self, given: str, url: str | None = None, timeout: float = 8.0, onto: tuple[str, str] | None = None,
+               built_in: Path | None = None) -> str:
         """given (git, sdist, wheel; registry is `sdist`, which every consumer takes as the registry's
         artifact), else for `auto` the one decision (git when the URL answers, else the registry; said
-        once): for the line's own pin, or for onto (tag, version: a rebase's target)."""
+        once): for the line's own pin, or for onto (tag, version: a rebase's target). built_in: the
+        workdir the line's tree is built in; when its upstream branch holds the pin already, nothing is
+        fetched and the URL is not probed (materialize reuses that branch)."""
         if given == "registry":  # the registry's artifact: the lock's, whatever its kind; a new release's sdist, else its wheel
             return "sdist"
         if given != "auto":
@@ -60,6 +63,9 @@ class Context:
         from sglpatch.upstream import materialize as upstream
 
         lock = self.line.lock
+        if built_in is not None and not onto and upstream.holds_pin(built_in, lock):
+            say(f"source: the workdir's upstream branch (it holds {lock.describe()} already; {url or lock.url} not probed)")
+            return lock.artifact_kind
         tag, version = onto or (lock.tag, lock.version)
         if (tag, version) not in self.chosen:
             chosen, why = upstream.choose_source(url or lock.url, tag, lock.name, version, timeout=timeout,

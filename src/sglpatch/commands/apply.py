@@ -103,7 +103,7 @@ def run(args) -> int:
             fplan = flashinfer_set.plan_first(ctx.python, fs)
         if args.upstream_url:
             upstream.validate_url(args.upstream_url)
-        source = ctx.source(args.source, args.upstream_url, args.probe_timeout)
+        source = ctx.source(args.source, args.upstream_url, args.probe_timeout, built_in=workdir)
         print(f"sglpatch: {ctx.named()}, workdir {workdir}", file=sys.stderr, flush=True)
 
         def install_step(result) -> None:  # inside the workdir's lock: nothing moves the tree or clears its scratch meanwhile

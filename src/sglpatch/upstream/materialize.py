@@ -165,6 +165,14 @@ def upstream_pin(git: Git, branch: str = UPSTREAM_BRANCH) -> str | None:
     return None
 
 
+def holds_pin(workdir: Path, lock: Lock) -> bool:
+    """Whether workdir's upstream branch is lock's pinned tree already (read only; no lock taken:
+    materialize checks it again inside the workdir's lock)."""
+    if not (Path(workdir) / ".git").is_dir():
+        return False
+    return upstream_pin(Git(Path(workdir))) == lock.pin_digest()
+
+
 def source_reachable(url: str, tag: str, timeout: float = 8.0) -> tuple[bool, str]:
     """Whether the git URL answers for tag within timeout; (ok, reason)."""
     url = validate_url(url)
