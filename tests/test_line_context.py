@@ -278,11 +278,15 @@ def test_source_auto_is_one_decision_of_the_context_for_every_command(tmp_path, 
     src = ROOT / "src" / "sglpatch"
     deciding = {p.relative_to(src).as_posix() for p in src.rglob("*.py") if re.search(r"\b(choose_source|source_reachable)\(", p.read_text())}
     assert deciding == {"context.py", "upstream/materialize.py"}, deciding
-    lock = co / "lines" / LINE / "upstream.lock"
-    lock.write_text(lock.read_text().replace('url = "https://github.com/sgl-project/sglang"', 'url = "https://127.0.0.1:9/nowhere/sglang"'))
+    for lock in (co / "upstream.lock", co / "lines" / LINE / "upstream.lock"):
+        lock.write_text(lock.read_text().replace('url = "https://github.com/sgl-project/sglang"', 'url = "https://127.0.0.1:9/nowhere/sglang"'))
+    # the registry's artifact is named by its kind: the primary's sdist, the line's wheel (issue 50: "sdist (... .whl)")
     res = _run(tmp_path, co, "check", "--line", LINE, "--source", "auto")
-    assert res.returncode == 0 and res.stderr.count("sglpatch: source: sdist (https://127.0.0.1:9/nowhere/sglang ") == 1, res.stderr
+    assert res.returncode == 0 and res.stderr.count("sglpatch: source: wheel (https://127.0.0.1:9/nowhere/sglang ") == 1, res.stderr
     assert f"the registry's {read_lock(co / 'lines' / LINE).sdist_filename}, as the lock pins it" in res.stderr
+    res = _run(tmp_path, co, "check", "--source", "auto")
+    assert res.returncode == 0 and res.stderr.count("sglpatch: source: sdist (https://127.0.0.1:9/nowhere/sglang ") == 1, res.stderr
+    assert f"the registry's {read_lock(co).sdist_filename}, as the lock pins it" in res.stderr
     res = _run(tmp_path, co, "rebase", "--line", LINE, "--onto", "0.5.10", "--dry-run", "--source", "auto")
     assert res.returncode == 3 and res.stderr.count("sglpatch: source: sdist (") == 1, res.stderr[-2000:]
     assert "the registry has the sdist of 0.5.10" in res.stderr

@@ -179,8 +179,9 @@ def _apply_locked(git: Git, project: Project, project_root: Path, source, force,
     except SglpatchError as e:
         if not (sdist_fallback and source == "git"):
             raise
-        say(f"the git source failed ({e}); using the registry sdist instead")
-        base = up.materialize(git, project.lock, "sdist", python=python)
+        kind = project.lock.artifact_kind
+        say(f"the git source failed ({e}); using the registry {kind} instead")
+        base = up.materialize(git, project.lock, kind, python=python)
     digest = project.digest(base)
     old_head = git.rev(PATCHED_BRANCH)
     rec_digest, rec_head = recorded(git)

@@ -190,13 +190,13 @@ def source_reachable(url: str, tag: str, timeout: float = 8.0) -> tuple[bool, st
 
 def choose_source(url: str, tag: str, name: str, version: str, timeout: float = 8.0, pinned: str | None = None) -> tuple[str, str]:
     """--source auto, the one rule (sglpatch.context asks it once per command): git when the URL
-    answers for tag, else the registry: the artifact a lock pins (pinned: its file name; taken as
-    `sdist` whatever its kind), else the sdist, else a wheel the index offers; (source, why)."""
+    answers for tag, else the registry: the artifact a lock pins (pinned: its file name; named by its
+    kind, sdist or wheel), else the sdist, else a wheel the index offers; (source, why)."""
     ok, why = source_reachable(url, tag, timeout=timeout)
     if ok:
         return "git", why
     if pinned:
-        return "sdist", f"{why}; the registry's {pinned}, as the lock pins it"
+        return "wheel" if pinned.endswith(".whl") else "sdist", f"{why}; the registry's {pinned}, as the lock pins it"
     offered = pkgindex.kinds_offered(name, version)
     if "sdist" in offered:
         return "sdist", f"{why}; the registry has the sdist of {version}"
