@@ -24,7 +24,18 @@ LINE = "0.5.23"
 P4_0523 = "python/sglang/srt/speculative/spec_profiler.py"
 
 
-def test_lines_lists_each_line_with_its_pin_patches_upstream_and_driver():
+@pytest.fixture(scope="module")
+def wheel_0523() -> Path:
+    """The 0.5.23 line's wheel in the test cache (index-verified), where `sglpatch lines` reads its Requires-Dist."""
+    from conftest import cache_lock
+    from sglpatch.upstream import artifacts
+
+    lock = read_lock(ROOT / "lines" / LINE)
+    with cache_lock():
+        return artifacts.fetch(lock.name, lock.version, "wheel", expect_sha256=lock.sdist_sha256)[1]
+
+
+def test_lines_lists_each_line_with_its_pin_patches_upstream_and_driver(sdist_059, wheel_0523):
     res = sglpatch_inproc("lines", "--workdir", "/nonexistent/fork")
     assert res.returncode == 0, res.stderr[-2000:]
     out = res.stdout
@@ -46,6 +57,46 @@ def test_lines_lists_each_line_with_its_pin_patches_upstream_and_driver():
     assert "    0003-kimi-k25-eagle3-delegation.patch: absorbed upstream (v0.5.10, https://github.com/sgl-project/sglang/pull/19689)\n" in line
     assert "  driver:   CUDA 13: an NVIDIA driver >= 580 (Requires-Dist: cuda-python>=13.0); below that, " in line
     assert f"  workdir:  /nonexistent/fork-{LINE} (sglpatch apply --line {LINE})" in line
+
+
+def test_lines_lists_what_is_on_disk_and_fetches_nothing(tmp_path, sdist_059):
+    """Issue 50: `sglpatch lines` downloaded the 39 MB 0.5.23 wheel to read its Requires-Dist. It reads the
+    release files the cache holds (checked against the lock's sha256) and names the command that fetches
+    the others; the package index (a local server that counts what it is asked) is asked nothing."""
+    import http.server
+    import shutil
+    import threading
+
+    asked: list[str] = []
+
+    class Counting(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802  (http.server's name)
+            asked.append(self.path)
+            self.send_error(404)
+
+        do_HEAD = do_GET
+
+        def log_message(self, *a):
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Counting)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    cache = tmp_path / "cache"
+    (cache / "sdist").mkdir(parents=True)
+    shutil.copy(sdist_059, cache / "sdist" / sdist_059.name)
+    try:
+        res = sglpatch("lines", "--workdir", "/nonexistent/fork",
+                       env={"SGLPATCH_CACHE": str(cache), "PIP_INDEX_URL": f"http://127.0.0.1:{srv.server_port}/simple"})
+    finally:
+        srv.shutdown()
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert asked == [] and sorted(p.relative_to(cache).as_posix() for p in cache.rglob("*") if p.is_file()) == [f"sdist/{sdist_059.name}"]
+    primary, line = res.stdout.split(f"\n{LINE}: lines/{LINE}/\n")
+    assert "  driver:   CUDA 12: an NVIDIA driver >= 525.60.13 (Requires-Dist: cuda-python==12.9)\n" in primary  # the cached sdist's
+    whl = read_lock(ROOT / "lines" / LINE).sdist_filename
+    assert (f"  driver:   not read: {whl} is not in the cache (`sglpatch apply --line {LINE} --venv NEWDIR --dry-run` fetches it "
+            "and reads it)\n") in line, line
+    assert f"  pin:      sglang {LINE} (v{LINE}, commit unknown), wheel {whl}\n" in line
 
 
 def test_cuda_of_reads_the_highest_major_a_requirement_names():

@@ -110,6 +110,13 @@ def _pip_wheel(name: str, version: str, art: Artifact, tmp: str, python: str | N
         raise ArtifactError(f"pip download of {art.filename} failed ({why}); check the network / pip index and re-run")
 
 
+def cached(lock: Lock) -> Path | None:
+    """The registry artifact lock pins (sdist or wheel) when the cache holds it with the lock's sha256,
+    else None; nothing is fetched (for a command that only reads, e.g. `sglpatch lines`)."""
+    path = cache_dir() / lock.artifact_kind / lock.sdist_filename
+    return path if path.is_file() and sha256_file(path) == lock.sdist_sha256 else None
+
+
 def fetch_sdist(lock: Lock, python: str | None = None) -> Path:
     """The sdist tarball upstream.lock pins, checked against its sdist.sha256: from the cache, or
     downloaded with pip (the user's pip configuration, no index lookup of our own)."""
