@@ -173,8 +173,8 @@ def test_python_without_a_wheel_pip_resolver(env, project_copy):
     assert "sglpatch-fake-kernel==1.0" in proc.stdout and "sdist only" in proc.stdout
     assert proc.returncode == 1
     assert any("FAIL python:" in ln and "no wheel of sglpatch-fake-kernel==1.0" in ln for ln in fails(proc)), proc.stdout
-    assert any("ok disk:" in ln or "FAIL disk:" in ln for ln in proc.stdout.splitlines())  # pip gives no sizes: the 25 GiB floor
-    assert "the stated floor" in proc.stdout
+    assert any("ok disk:" in ln or "FAIL disk:" in ln for ln in proc.stdout.splitlines())
+    assert " (3 x " in proc.stdout  # pip's report gives no sizes: the file's (the index's) size is read instead
 
 
 @needs_uv
@@ -307,6 +307,60 @@ def test_build_makes_a_new_venv_and_leaves_the_serving_one_alone(env, project_co
     listing = subprocess.run([UV, "pip", "list", "--python", str(new / "bin" / "python")], capture_output=True, text=True).stdout
     assert "sglpatch-fake-dep" in listing and "sglang" in listing
     assert sorted(p.name for p in serving.rglob("*")) == before  # the serving venv is untouched
+
+
+@needs_uv
+@pytest.mark.parametrize("installer", ["uv", "pip"])
+def test_dry_run_plan_shows_the_index_sizes_and_their_total_first(env, project_copy, installer):
+    """Issue 50: from an index whose pages give no sizes (PEP 503 HTML, as pip's resolver's report never
+    does) every size was `?` and the download had no total; each file's size now comes from the index
+    (HEAD, as the flashinfer plan reads it), their total first. The index: an http.server on 127.0.0.1."""
+    import http.server
+    import threading
+
+    web = env["tmp"] / "web"
+    files = {name: wheel(web / "simple" / name, name, "1.0", payload=pay) for name, pay in
+             (("sglpatch-fake-small", 2**20), ("sglpatch-fake-big", 3 * 2**20 + 2**19))}
+    (web / "simple" / "index.html").write_text("".join(f'<a href="{n}/">{n}</a>\n' for n in files))
+    for name, path in files.items():
+        (web / "simple" / name / "index.html").write_text(f'<a href="{path.name}">{path.name}</a>\n')
+
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        sizes = True  # False: HEAD answers nothing (an index that does not say)
+
+        def __init__(self, *a, **k):
+            super().__init__(*a, directory=str(web), **k)
+
+        def do_HEAD(self):  # noqa: N802  (http.server's name)
+            return super().do_HEAD() if Quiet.sizes else self.send_error(405)
+
+        def log_message(self, *a):
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Quiet)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    index = f"http://127.0.0.1:{srv.server_port}/simple"
+    for k in ("UV_FIND_LINKS", "PIP_NO_INDEX", "PIP_FIND_LINKS"):
+        env["env"].pop(k)
+    env["env"].update(UV_DEFAULT_INDEX=index, PIP_INDEX_URL=index, UV_CACHE_DIR=str(env["tmp"] / "uv-cache"))
+    tool(env["fake"], "nvidia-smi", "570.133.20, 12.0")
+    try:
+        proc = dry_run(env, project_copy, [f"{n}==1.0" for n in files], installer=installer)
+        Quiet.sizes = False
+        silent = dry_run(env, project_copy, [f"{n}==1.0" for n in files], installer=installer)
+    finally:
+        srv.shutdown()
+    assert "plan: 0.0 MiB to download (2 packages; size unknown for 2: the index did not say)\n" in silent.stdout, silent.stdout
+    assert "the stated floor; the resolver gave no sizes" in silent.stdout  # the disk check's 25 GiB
+    out = proc.stdout
+    assert proc.returncode == 0, out + proc.stderr
+    sizes = {n: p.stat().st_size for n, p in files.items()}
+    for name, n in sizes.items():
+        (row,) = [ln for ln in out.splitlines() if ln.startswith(f"  {name}==1.0 ")]
+        assert f" {n / 2**20:9.1f} MiB  wheel" in row, row
+    total = f"plan: {sum(sizes.values()) / 2**20:.1f} MiB to download ({len(files)} packages)\n"
+    assert total in out and out.index(total) < out.index("  sglpatch-fake-"), out
+    assert f"need ~{3 * sum(sizes.values()) / 2**20:.1f} MiB (3 x " in out  # the disk check reads the same sizes
 
 
 @pytest.mark.slow

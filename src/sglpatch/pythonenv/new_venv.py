@@ -127,6 +127,19 @@ def _size(artifact: dict) -> int | None:
     return None
 
 
+def _fill_sizes(plan: Plan) -> None:
+    """The sizes the resolver left out (pip's report has none; uv's lock only what a JSON index states),
+    from the index as the flashinfer plan reads them (sglpatch.pythonenv.pip_config.size: a HEAD request)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from sglpatch.pythonenv.pip_config import size
+
+    todo = [p for p in plan.packages if p.size is None and p.url]
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        for p, n in zip(todo, pool.map(size, [p.url for p in todo])):
+            p.size = n
+
+
 def _extra_indexes(indexes: list[str]) -> list[str]:
     return [a for url in indexes for a in ("--extra-index-url", url)]
 
@@ -155,6 +168,7 @@ def resolve(reqs: list[str], python: str, installer: str, tmp: Path, indexes: li
             size = None if None in sizes else max(sizes)
             url = (wheels[0] if wheels else p.get("sdist") or {}).get("url", "")
             plan.packages.append(Package(norm(p["name"]), str(p["version"]), bool(wheels), size, norm(p["name"]) in pins, url))
+        _fill_sizes(plan)
         return plan, None
     report = tmp / "report.json"
     cmd = [python, "-m", "pip", "install", "--dry-run", "--ignore-installed", "-q", *_extra_indexes(indexes), "--report", str(report),
@@ -169,6 +183,7 @@ def resolve(reqs: list[str], python: str, installer: str, tmp: Path, indexes: li
         plan.packages.append(Package(name, meta["version"], url.endswith(".whl"), None, name in pins, url))
     plan.lockfile = tmp / "pinned.txt"
     plan.lockfile.write_text("".join(f"{p.name}=={p.version}\n" for p in plan.packages))
+    _fill_sizes(plan)
     return plan, None
 
 
@@ -266,11 +281,13 @@ def report(prep: Prepared, full: bool) -> None:
     delta = [f"{p.name} {have.get(p.name, '(none)')} -> {p.version}" for p in pins if have.get(p.name) != p.version]
     print(f"plan: pins that differ from what {plan.python} has (it stays as it is): {', '.join(delta) if delta else 'none'}")
     if full:
+        known = [p.size for p in plan.packages if p.size is not None]
+        unknown = len(plan.packages) - len(known)
+        print(f"plan: {preflight.size(sum(known))} to download ({len(plan.packages)} packages"
+              + (f"; size unknown for {unknown}: the index did not say)" if unknown else ")"))
         for p in plan.packages:
             size = f"{p.size / 2**20:9.1f} MiB" if p.size is not None else "        ?"
             print(f"  {p.name + '==' + p.version:<48} {size}  {'wheel' if p.wheel else 'sdist only':<10}  {_source(p, plan, prep.cuda)}".rstrip())
-        if plan.download_bytes:
-            print(f"plan: {plan.download_bytes / 2**30:.2f} GiB to download")
     for check in prep.checks:
         print(check.line())
     bad = prep.refused
