@@ -101,7 +101,8 @@ def file_costs(items, durations: dict) -> dict:
     return costs
 
 
-def pytest_configure_node(node):
+@pytest.hookimpl(optionalhook=True)  # xdist's hook: without xdist (the cpu tier's runner, the tool's own
+def pytest_configure_node(node):  # venv) pytest would refuse the whole plugin as "unknown hook"
     """xdist's controller reads the durations once and hands them to every worker, so that all of
     them collect in the same order even when another run writes the file meanwhile."""
     node.workerinput["sglpatch_durations"] = read_durations()

@@ -175,7 +175,7 @@ def test_cpu_tier_counts_and_fails(tmp_path):
     res = regress.run_regress("cpu", "t", str(tmp_path / "r"), str(proj))
     t = json.loads((tmp_path / "r" / "report.json").read_text())["tiers"]["cpu"]
     assert res["exit_code"] == 1 and t["status"] == "fail"
-    assert t["counts"]["passed"] == 2 and t["counts"]["failures"] == 1
+    assert t["counts"]["passed"] == 2 and t["counts"]["failed"] == 1
     (proj / "tests" / "patches" / "test_p.py").write_text("def test_ok(): pass\n")
     res = regress.run_regress("cpu", "t", str(tmp_path / "r2"), str(proj))
     assert res["exit_code"] == 0

@@ -33,6 +33,7 @@ from sglpatch.gpu.server.ab import ServerABTier
 from sglpatch.gpu.server.tier import ServerTier
 from sglpatch.gpu.shared.plan import RunPlan, Tier
 from sglpatch.gpu.shared.profile import expand, find_project_root, load_profile, resolve_profile_path, usage_error
+from sglpatch.gpu.shared import verdict
 from sglpatch.gpu.shared.report import write_report
 
 EXIT_PASS, EXIT_FAIL, EXIT_CANNOT_RUN = exitcodes.OK, exitcodes.ERROR, exitcodes.CANNOT_RUN
@@ -99,12 +100,8 @@ def _run_tiers(plan: RunPlan, tier: str, argv: list[str] | None, started: dateti
         if t.check():
             t.run()
         results.append(t.report())
-    if any(r.status == "fail" for r in results):
-        status, code = "fail", EXIT_FAIL
-    elif any(r.status == "pass" for r in results) and (tier == "all" or results[0].status == "pass"):
-        status, code = "pass", EXIT_PASS
-    else:
-        status, code = "cannot_run", EXIT_CANNOT_RUN
+    status = verdict.run_status([r.status for r in results], every_tier_asked=tier == "all")
+    code = verdict.EXIT[status]
     prof = plan.profile
     doc = {"schema": "sglpatch.regress/1", "status": status, "exit_code": code,
            "command": shlex.join(argv) if argv else f"sglpatch regress --tier {tier}",

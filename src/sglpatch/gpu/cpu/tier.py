@@ -12,7 +12,7 @@ import os
 import shlex
 import shutil
 import sys
-import xml.etree.ElementTree as ET
+import json
 from pathlib import Path
 
 from sglpatch.pythonenv import interpreter
@@ -21,6 +21,19 @@ from sglpatch.gpu.shared.step_runner import run_step, tail
 from sglpatch.gpu.shared.profile import expand
 from sglpatch.gpu.shared.plan import Tier
 from sglpatch.gpu.shared.report import TierResult
+from sglpatch.gpu.cpu import outcome, pytest_record
+
+
+def _read_record(path: Path) -> dict | None:
+    try:
+        doc = json.loads(path.read_text())
+        return doc if isinstance(doc, dict) else None
+    except (OSError, ValueError):
+        return None
+
+
+def _tail_text(log: str) -> str:
+    return tail(Path(log), 200)
 
 
 def cpu_python(prof: dict, python: str | None, workdir: Path | None) -> tuple[str, str]:
@@ -57,7 +70,7 @@ def _check_under_test(tier: Tier, mod: str, python: str, where: str, env: dict) 
                     f"{mod} does not import with {python} ({where}): {interpreter.missing_summary(st)}; install them: {cmd}; "
                     "or build a complete new venv: scripts/apply.sh --venv NEWDIR")
         return False
-    tr.fail(f"{mod} does not import with {python} ({where}): {st.error}")
+    tr.fail(f"{mod} does not import with {python} ({where}): {st.error}", outcome="under_test_broken")
     tr.summary = f"{mod} does not import"
     return False
 
@@ -91,48 +104,50 @@ class CpuTier(Tier):
         has_pytest = interpreter.module_state(self.runner, module="pytest", timeout=60)
         if has_pytest is None or not has_pytest.ok:
             return self.cannot_run("no pytest", f"the test runner {self.runner} has no pytest: "
-                                   f"{self.runner} -m pip install 'pytest>=8'")
+                                   f"{self.runner} -m pip install 'pytest>=8'", outcome="no_runner")
         return True
 
     def run(self) -> None:
         plan, tr, cfg = self.plan, self.result, self.plan.profile["cpu"]
         report_dir = plan.report_dir
-        junit = report_dir / "cpu-junit.xml"
-        base_env = dict(plan.base_env, SGLPATCH_PATCHED_PYTHON=self.python)
+        junit, record = report_dir / "cpu-junit.xml", report_dir / "cpu-record.json"
+        under = tr.data.get("under_test") or {}
+        base_env = dict(plan.base_env, SGLPATCH_PATCHED_PYTHON=self.python, **{
+            pytest_record.RECORD_ENV: str(record), pytest_record.MODULE_ENV: cfg.get("import_check") or "",
+            pytest_record.DIRS_ENV: str(Path(under["file"]).parent) if under.get("file") else ""})
+        # --continue-on-collection-errors: the tests that import still run; a module that does not is
+        # judged by where its import failed (pytest_record), not by pytest's exit 2 for the whole run
         self.cmd = [self.runner, "-m", "pytest", str(self.tests), "-q", "-p", "no:cacheprovider", "-o", "addopts=",
+                    "-p", "sglpatch.gpu.cpu.pytest_record", "--continue-on-collection-errors",
                     f"--junitxml={junit}", *map(str, cfg.get("pytest_args", []))]
+        record.unlink(missing_ok=True)
         res = run_step(self.cmd, base_env, report_dir / "cpu-pytest.log", cfg["timeout_s"], cwd=str(plan.project))
         tr.data["pytest"] = res
-        counts = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0}
-        try:
-            root = ET.parse(junit).getroot()
-            suites = [root] if root.tag == "testsuite" else root.findall("testsuite")
-            for s in suites:
-                for k in counts:
-                    counts[k] += int(s.get(k, 0))
-        except (OSError, ET.ParseError):
-            pass
-        counts["passed"] = counts["tests"] - counts["failures"] - counts["errors"] - counts["skipped"]
-        tr.data["counts"] = counts
-        tr.summary = (f"{counts['passed']} passed, {counts['failures']} failed, {counts['errors']} errors, "
+        rec = _read_record(record)
+        counts = tr.data["counts"] = outcome.counts(rec)
+        tr.summary = (f"{counts['passed']} passed, {counts['failed']} failed, {counts['errors']} errors, "
                       f"{counts['skipped']} skipped")
-        if res["timed_out"]:
-            tr.fail(f"pytest timed out after {cfg['timeout_s']} s (killed); log {res['log']}")
-        elif res["rc"] == 5:
-            tr.fail(f"no patch tests collected from {self.tests}")
-        elif res["rc"] != 0:
-            tr.fail(f"pytest exit {res['rc']}: {tr.summary}; log {res['log']}")
+        judged = outcome.judge(res["rc"], res["timed_out"], rec, _tail_text(res["log"]))
+        tr.data["collect_errors"] = (rec or {}).get("collect_errors", [])
+        log = f"log {res['log']}"
+        if judged.outcome == "passed":
+            tr.set_outcome("passed")
+        elif judged.status == "fail":
+            tr.fail(f"{judged.line}; {log}", outcome=judged.outcome)
         else:
-            tr.status = "pass"
+            self.cannot_run(f"pytest could not run the patch tests: {judged.line}",
+                            f"{judged.line} (pytest exit {res['rc']}; {log}); no verdict", outcome=judged.outcome)
+        if judged.outcome == "timed_out":
+            tr.failures[-1] = f"pytest timed out after {cfg['timeout_s']} s (killed); {log}"
 
     def report(self) -> TierResult:
         tr = self.result
         if "pytest" not in tr.data:
             return tr
-        tr.md = [f"- patched sglang from: `{self.python}` ({self.where}; SGLPATCH_PATCHED_PYTHON); "
+        tr.md = [*tr.md, f"- patched sglang from: `{self.python}` ({self.where}; SGLPATCH_PATCHED_PYTHON); "
                  f"pytest run by `{self.runner}`",
                  f"- under test: {tr.data.get('under_test')}",
                  f"- `{shlex.join(self.cmd)}`", f"- result: {tr.summary} (log `cpu-pytest.log`, junit `cpu-junit.xml`)"]
-        if tr.status == "fail":
+        if tr.status != "pass":
             tr.md += ["", "```", tail(self.plan.report_dir / "cpu-pytest.log", 30), "```"]
         return tr

@@ -63,8 +63,9 @@ class Tier:
         """`result` with its status, summary and markdown."""
         return self.result
 
-    def cannot_run(self, summary: str, why: str | None = None) -> bool:
-        self.result.status, self.result.summary = "cannot_run", summary
+    def cannot_run(self, summary: str, why: str | None = None, outcome: str = "cannot_start") -> bool:
+        self.result.set_outcome(outcome)
+        self.result.summary = summary
         if why:
             self.result.md = [f"- cannot run here: {why}"]
             self.result.data["cannot_run"] = why

@@ -6,19 +6,30 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from sglpatch.gpu.shared import verdict
+
 
 @dataclass
 class TierResult:
     name: str
-    status: str = "skipped"  # pass | fail | skipped | cannot_run
+    status: str = "skipped"  # pass | fail | skipped | cannot_run: verdict.status_of(outcome) once one is set
     summary: str = ""
     failures: list[str] = field(default_factory=list)
     data: dict = field(default_factory=dict)
     md: list[str] = field(default_factory=list)
+    outcome: str | None = None  # a row of sglpatch.gpu.shared.verdict.TABLE
 
-    def fail(self, msg: str) -> None:
+    def set_outcome(self, outcome: str) -> None:
+        self.outcome, self.status = outcome, verdict.status_of(outcome)
+
+    def fail(self, msg: str, outcome: str = "failed") -> None:
         self.failures.append(msg)
-        self.status = "fail"
+        if self.status != "fail":
+            self.set_outcome(outcome)
+
+    def final_outcome(self) -> str | None:
+        """The outcome set, else the one the status stands for (tiers that set only pass/fail)."""
+        return self.outcome or {"pass": "passed", "fail": "failed", "cannot_run": "cannot_start"}.get(self.status)
 
 
 def fmt(v, nd=1):
@@ -43,7 +54,8 @@ def write_report(report_dir: Path, doc: dict, tiers: list[TierResult]) -> None:
     report_dir.mkdir(parents=True, exist_ok=True)
     doc = dict(doc)
     doc["lines"] = served_lines(tiers)
-    doc["tiers"] = {t.name: {"status": t.status, "summary": t.summary, "failures": t.failures, **t.data}
+    doc["tiers"] = {t.name: {"status": t.status, "outcome": t.final_outcome(), "summary": t.summary, "failures": t.failures,
+                             **t.data}
                     for t in tiers}
     (report_dir / "report.json").write_text(json.dumps(doc, indent=1, default=str) + "\n")
     md = [f"# sglpatch regress — {doc['status'].upper()}", "",
