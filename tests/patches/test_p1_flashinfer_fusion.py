@@ -59,6 +59,18 @@ def install_flashinfer(version):
             f.write(f"Metadata-Version: 2.1\nName: flashinfer-python\nVersion: {version}\n")
     importlib.invalidate_caches()
 
+# The serving venv's own flashinfer-python (the target's, after apply --with-flashinfer) is hidden:
+# the case's version is the one FI_DIR holds, None when it holds none.
+import importlib.metadata
+_version = importlib.metadata.version
+def _case_version(name):
+    if name.replace("_", "-").lower() != "flashinfer-python":
+        return _version(name)
+    for dist in importlib.metadata.distributions(path=[FI_DIR], name="flashinfer-python"):
+        return dist.version
+    raise importlib.metadata.PackageNotFoundError(name)
+importlib.metadata.version = _case_version
+
 import sglang.srt.server_args as sa
 from sglang.srt.distributed.device_communicators import custom_all_reduce_utils as cu
 
