@@ -7,8 +7,9 @@
 #
 # Workdir: --workdir DIR, else the line's own: $SGLANG_FORK_DIR (else ~/sglang-fork), with -RELEASE
 # appended for --line RELEASE (sglpatch resolves it); project: this checkout.
-# CMD: 0 good, 125 skip (cannot run here), other bad.
-# Exit: 0 a conclusion (first bad patch / upstream / no regression), 1 open (skips) or error, 130 Ctrl-C.
+# CMD: 0 good, 1 bad, 125 skip (cannot run here); 2 (a usage error) stops with no verdict.
+# Exit: 0 a conclusion (first bad patch / upstream / no regression), 1 open (skips) or error,
+# 125 CMD could not run at any step (no verdict), 130 Ctrl-C.
 set -euo pipefail
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 export PYTHONUNBUFFERED=1

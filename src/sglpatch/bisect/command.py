@@ -86,6 +86,8 @@ def run_cmd(
     env[ENV_COMMIT] = commit
     env[ENV_PATCH] = ref.name if ref.index else "upstream"
     env.setdefault("PYTHONUNBUFFERED", "1")  # its output goes through a pipe: show it as it comes
+    # regress's reports under this bisect's log folder, a folder a step, not regress-<time>/ in the checkout
+    env.setdefault("SGLPATCH_REGRESS_DIR", str(Path(state["log_dir"]) / f"step-{run_no:02d}-regress"))
     timeout = state.get("timeout")
     with open(log_path, "wb") as log:
         log.write(f"# run {run_no} ({phase}) {ref.label} {commit}\n# cmd: {state['cmd']!r}\n".encode())

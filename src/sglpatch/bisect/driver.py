@@ -100,22 +100,21 @@ def _find_cmd(cmd: list[str], cwd: Path, env: dict) -> None:
 
 
 def _check_install(git: Git, err) -> None:
-    """Warn when this interpreter's sglang is not the workdir's editable tree (steps would all test one tree)."""
-    code = "import importlib.util as u; s = u.find_spec('sglang'); print(s.origin if s and s.origin else '')"
+    """Warn when the Python the workdir was installed into (apply's record) does not import sglang from
+    the workdir's tree (the steps would all test one tree), or when no install is recorded."""
+    from sglpatch.pythonenv import install
+
     try:
-        proc = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True, timeout=60, cwd="/")
-        origin = proc.stdout.strip()
-    except (OSError, subprocess.TimeoutExpired):
+        python = install.recorded(git.workdir)
+    except SglpatchError:
+        python = None
+    fix = f"`sglpatch apply{line_opt(git.workdir)} --workdir {git.workdir} --python PY` installs it editable into PY"
+    if not python:
+        say(err, f"note: no Python has {git.workdir} installed (apply records it); if CMD imports sglang, {fix}")
         return
-    src = (git.workdir / "python").resolve()
-    if not origin:
-        say(err, f"note: {sys.executable} does not import sglang; if CMD needs it, `sglpatch apply{line_opt(git.workdir)} --workdir {git.workdir}` installs the workdir editable")
-    elif not Path(origin).resolve().is_relative_to(src):
-        say(
-            err,
-            f"warning: {sys.executable} imports sglang from {Path(origin).parent}, not from {src}: a CMD using it would test "
-            f"the same tree at every step; `sglpatch apply{line_opt(git.workdir)} --workdir {git.workdir}` installs the workdir editable",
-        )
+    if not install.serves_from(python, git.workdir):
+        say(err, f"warning: {python} (the Python apply installed {git.workdir} into) does not import sglang from "
+                 f"{git.workdir / 'python'} now: a CMD using it would not test each step's tree; {fix}")
 
 
 def _restore(git: Git) -> str | None:

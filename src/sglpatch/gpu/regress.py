@@ -70,7 +70,10 @@ def run_regress(tier: str = "all", profile: str | None = None, report: str | Non
                 prof[t]["python"] = python
     started = datetime.datetime.now(datetime.timezone.utc)
     here = Path.cwd().resolve()  # inside the checkout: its top, where .gitignore's /regress-*/ keeps it out of git
-    report_dir = Path(report) if report else (proj if here.is_relative_to(proj) else here) / f"regress-{started.strftime('%Y%m%d-%H%M%S')}"
+    stamp = started.strftime("%Y%m%d-%H%M%S")
+    if not report and os.environ.get("SGLPATCH_REGRESS_DIR"):  # scripts/regress.sh's, and bisect's per step
+        report = str(Path(os.environ["SGLPATCH_REGRESS_DIR"]).expanduser() / stamp)
+    report_dir = Path(report) if report else (proj if here.is_relative_to(proj) else here) / f"regress-{stamp}"
     report_dir = report_dir.resolve()
     plan = RunPlan(profile=prof, profile_path=prof_path, project=proj, report_dir=report_dir,
                    base_env={**os.environ, **{k: str(v) for k, v in prof["env"].items()}}, python=python,
