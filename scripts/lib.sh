@@ -46,20 +46,20 @@ check_values() {
       exit 2
     fi
     case "$1" in
-      --python) check_python "$me" "$2" ;;
-      --python=*) check_python "$me" "${1#*=}" ;;
+      --python|--ab) check_python "$me" "$2" "$1" ;;
+      --python=*|--ab=*) check_python "$me" "${1#*=}" "${1%%=*}" ;;
     esac
     shift
   done
 }
 
-# check_python NAME PATH[,PATH]: each PATH runs as a Python interpreter (regress takes an A,B
-# pair); else one line naming it, and exit 2.
+# check_python NAME PATH[,PATH] [OPTION]: each PATH runs as a Python interpreter (regress --ab
+# takes an A,B pair); else one line naming it and OPTION (default --python), and exit 2.
 check_python() {
-  local me="$1" one pair
+  local me="$1" one pair opt="${3:---python}"
   if [[ "$2" == *,* ]]; then
     IFS=, read -ra pair <<< "$2"
-    for one in "${pair[@]}"; do check_python "$me" "$one"; done
+    for one in "${pair[@]}"; do check_python "$me" "$one" "$opt"; done
     return 0
   fi
   local py="${2/#\~/$HOME}" why=""
@@ -67,7 +67,7 @@ check_python() {
   if [ -z "$py" ] || [ ! -e "$py" ]; then why="no such file"
   elif [ -d "$py" ] || [ ! -x "$py" ]; then why="not an executable file"
   elif ! "$py" -c 'import sys' >/dev/null 2>&1; then why="does not run as a Python interpreter"; fi
-  if [ -n "$why" ]; then echo "$me: --python $2: $why (see $me --help)" >&2; exit 2; fi
+  if [ -n "$why" ]; then echo "$me: $opt $2: $why (see $me --help)" >&2; exit 2; fi
 }
 
 _tool_key() { echo "$SGLPATCH_HOME $(sha256sum < "$SGLPATCH_HOME/pyproject.toml" | cut -d' ' -f1)"; }

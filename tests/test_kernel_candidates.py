@@ -96,7 +96,7 @@ def test_two_installs_one_report(tmp_path):
         {"mode": "no_spec", "benchmark": {"median_tpot_ms": 5000.0}},
         {"mode": "eagle3", "benchmark": {"accept_length": 2.05}, "verify_profile": {"median_of_records": {
             "draft_ms_median": 800.0, "verify_ms_median": 9000.0, "extend_ms_median": 200.0}}}]}}}))
-    res = regress.run_regress("kernel", "c", str(tmp_path / "r"), str(proj), python=f"{sys.executable},{b}",
+    res = regress.run_regress("kernel", "c", str(tmp_path / "r"), str(proj), ab=f"{sys.executable},{b}",
                               with_profile=str(srv))
     k = kernel_doc(tmp_path / "r")
     assert res["exit_code"] == 0, k["failures"]
@@ -205,8 +205,8 @@ def test_launch_plan_and_usage_errors(tmp_path):
         kernel_launch.interpreters({}, f"{sys.executable},{tmp_path / 'nope'}")
     with pytest.raises(SglpatchError, match="the same interpreter twice"):
         kernel_launch.interpreters({}, f"{sys.executable},{sys.executable}")
-    with pytest.raises(SglpatchError, match="belongs to the kernel tier"):  # one --python serves every tier, A,B the kernel tier
-        regress.run_regress("server", None, str(tmp_path / "r"), str(ROOT), python=f"{sys.executable},{sys.executable}")
+    with pytest.raises(SglpatchError, match="compares installs in the kernel or the server tier"):  # one spelling: --ab
+        regress.run_regress("cpu", None, str(tmp_path / "r"), str(ROOT), python=f"{sys.executable},{sys.executable}")
     with pytest.raises(SglpatchError, match="belong to the kernel tier"):
         regress.run_regress("server", None, str(tmp_path / "r"), str(ROOT), quick=True)
 
@@ -264,7 +264,7 @@ def test_two_real_venvs(tmp_path):
         pytest.skip(f"no 0.5.23 test venv ($SGLPATCH_TEST_VENV_0523; scripts/test.sh builds it, log: {venv}.log)")
     proj = project(tmp_path, 'backends = ["nccl", "pcie_ipc", "b12x_oneshot"]\nrequired_backends = ["nccl"]\n'
                    'p2p_disabled_run = false\n', sizes="[1]")
-    res = regress.run_regress("kernel", "c", str(tmp_path / "r"), str(proj), python=f"{sys.executable},{py}")
+    res = regress.run_regress("kernel", "c", str(tmp_path / "r"), str(proj), ab=f"{sys.executable},{py}")
     k = kernel_doc(tmp_path / "r")
     assert res["exit_code"] == 0, k["failures"]
     a, b = k["installs"]

@@ -138,6 +138,30 @@ def test_kernel_tier_without_gpus_cannot_run(tmp_path, monkeypatch):
     assert json.loads((tmp_path / "r" / "report.json").read_text())["tiers"]["kernel"]["status"] == "cannot_run"
 
 
+def test_one_spelling_for_two_installs_and_the_old_one_warns_once(tmp_path, monkeypatch, capsys):
+    """--ab A,B in the kernel tier runs the bench in each interpreter, as --python A,B did; the old
+    spelling still works, read as --ab, with one warning."""
+    b = tmp_path / "b" / "bin" / "python3"
+    b.parent.mkdir(parents=True)
+    b.symlink_to(sys.executable)
+    from sglpatch.gpu.kernel import launch
+
+    seen, interpreters = [], launch.interpreters
+    monkeypatch.setattr(kernel, "count_gpus", lambda python, env: (0, "test"))
+    monkeypatch.setattr(kernel.kernel_launch, "interpreters", lambda k, given: (seen.append(given), interpreters(k, given))[1])
+    for i, kw in enumerate(({"ab": f"{sys.executable},{b}"}, {"python": f"{sys.executable},{b}"})):
+        res = regress.run_regress("kernel", None, str(tmp_path / f"r{i}"), str(ROOT), **kw)
+        assert res["exit_code"] == regress.EXIT_CANNOT_RUN
+    assert seen == [f"{sys.executable},{b}"] * 2  # the kernel tier's installs, A then B, both times
+    err = capsys.readouterr().err.splitlines()
+    assert err == ["sglpatch: warning: --python A,B is spelled --ab A,B now (every tier that compares installs); read as --ab"]
+    rc = cli_main(["regress", "--tier", "cpu", "--ab", f"{sys.executable},{b}", "--project", str(ROOT),
+                   "--report-dir", str(tmp_path / "r3")])
+    assert rc == 2 and capsys.readouterr().err.strip().splitlines() == [
+        "sglpatch: error: --ab A,B compares installs in the kernel or the server tier: use it with --tier kernel or "
+        "--tier server (the cpu tier tests one install: --python PATH)"]
+
+
 def test_nvlink_detection_from_topo():
     from sglpatch.gpu.kernel.bench import nvlink_from_topo, percentile
 

@@ -208,8 +208,10 @@ def test_version_rules_and_p4_verify_ms():
 
 def test_ab_usage_errors(tmp_path):
     root = Path(__file__).resolve().parents[1]
-    with pytest.raises(SglpatchError, match="use it with --tier server"):
-        regress.run_regress("kernel", "rtx6000x8-kimi-k25", str(tmp_path / "r"), str(root), ab="a,b")
+    with pytest.raises(SglpatchError, match="use it with --tier kernel or --tier server"):
+        regress.run_regress("cpu", "rtx6000x8-kimi-k25", str(tmp_path / "r"), str(root), ab="a,b")
+    with pytest.raises(SglpatchError, match="both given: name the installs once, with --ab A,B"):
+        regress.run_regress("kernel", "rtx6000x8-kimi-k25", str(tmp_path / "r"), str(root), ab="a,b", python="c,d")
     with pytest.raises(SglpatchError, match="give two interpreters"):
         regress.run_regress("server", "rtx6000x8-kimi-k25", str(tmp_path / "r"), str(root), ab="only-one")
     with pytest.raises(SglpatchError, match="do not go together"):

@@ -33,7 +33,7 @@ def python_path(text: str) -> str:
 
 
 def python_paths(text: str) -> str:
-    """argparse type of a comma-separated list of interpreters (regress --python A,B, --ab A,B)."""
+    """argparse type of a comma-separated list of interpreters (regress --ab A,B)."""
     return ",".join(python_path(p.strip()) if p.strip() else p for p in text.split(","))
 
 

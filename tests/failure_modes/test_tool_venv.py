@@ -43,10 +43,14 @@ def test_regress_sh_takes_the_readmes_python_pair(tmp_path):
     missing side is one line naming that side, exit 2."""
     env = tool_venv(tmp_path)
     pair = f"{sys.executable},{tmp_path / 'tool-venv' / 'bin' / 'python'}"  # two interpreters (the second a wrapper)
-    r = subprocess.run(["bash", str(ROOT / "scripts" / "regress.sh"), "--tier", "kernel", "--python", pair, "--report", str(tmp_path / "r")],
+    r = subprocess.run(["bash", str(ROOT / "scripts" / "regress.sh"), "--tier", "kernel", "--ab", pair, "--report", str(tmp_path / "r")],
                        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
     assert r.returncode == exitcodes.CANNOT_RUN, r.stdout + r.stderr  # no GPUs here; was 2: `--python A,B: no such file`
     assert "no such file" not in r.stderr and (tmp_path / "r" / "report.json").is_file()
+    r = subprocess.run(["bash", str(ROOT / "scripts" / "regress.sh"), "--tier", "kernel", "--ab", f"{sys.executable},/nonexistent"],
+                       capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
+    assert r.returncode == exitcodes.USAGE
+    assert r.stderr.strip().splitlines() == ["regress.sh: --ab /nonexistent: no such file (see regress.sh --help)"]
     r = subprocess.run(["bash", str(ROOT / "scripts" / "regress.sh"), "--tier", "kernel", "--python", f"{sys.executable},/nonexistent"],
                        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
     assert r.returncode == exitcodes.USAGE

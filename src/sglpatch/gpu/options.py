@@ -27,7 +27,10 @@ def doctor_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kernel-report", metavar="DIR", help="a kernel-tier report folder: its measured decision is cited")
     p.add_argument("--nvidia-smi", metavar="PATH", help="the nvidia-smi to run (default: the one on PATH)")
     p.add_argument("--no-p2p", action="store_true", help="skip the P2P copy test")
-    p.add_argument("--no-jit", action="store_true", help="skip building the JIT kernels that include flashinfer headers")
+    p.add_argument("--no-jit", action="store_true", help="skip building the JIT kernels that include flashinfer headers "
+                   "(not built anyway where no GPU is visible: the doctor exits 125 there)")
+    p.add_argument("--recheck-jit", action="store_true", help="build them again, not the verdict kept for this tree, flashinfer, "
+                   "nvcc and arch (also SGLPATCH_RECHECK_JIT=1, e.g. for regress --tier server's doctor)")
     p.add_argument("--p2p-timeout", type=positive, default=20.0, metavar="SEC", help="deadline per GPU pair, in seconds")
     p.add_argument("--dev-glob", default="/dev/nvidia*", help=argparse.SUPPRESS)
     p.add_argument("--proc-root", default="/proc", help=argparse.SUPPRESS)
@@ -62,10 +65,9 @@ def regress_arguments(p: argparse.ArgumentParser) -> None:
     deprecated(p, "--report", "--report-dir", dest="report_dir", metavar="DIR")
     p.add_argument("--baseline", help="a previous report.json to compare kernel latencies with (same hardware only)")
     p.add_argument("--project", help="the sglpatch checkout holding targets/ and tests/ (default: found from cwd)")
-    p.add_argument("--python", type=python_paths, metavar="PATH[,PATH2]",
+    p.add_argument("--python", type=python_paths, metavar="PATH",
                    help="the Python under test, every tier (default: cpu tier: the one `apply` installed the workdir "
-                   "into, else the profile's; kernel/server: the profile's); kernel tier: A,B runs the bench in each "
-                   "interpreter (e.g. the 0.5.9 and the 0.5.23 venv) and merges the rows, each labelled with its versions")
+                   "into, else the profile's; kernel/server: the profile's); A,B is the old spelling of --ab A,B (warned)")
     p.add_argument("--workdir", help="the workdir whose recorded install the cpu tier uses (default: $SGLANG_FORK_DIR or ~/sglang-fork)")
     p.add_argument("--stress", type=_stress_count, nargs="?", const=-1, default=None, metavar="N",
                    help="tier kernel also runs N allreduces per non-NCCL backend and mode, each compared exactly "
@@ -80,8 +82,10 @@ def regress_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--parity-with", metavar="REPORT_DIR",
                    help="server tier: greedy outputs of each mode must equal those of the same mode in REPORT_DIR")
     p.add_argument("--ab", type=python_paths, metavar="A_PYTHON,B_PYTHON",
-                   help="server tier: run the same modes, profile and prompts with two installs (A's, then B's "
-                   "interpreter) and report them side by side with B/A ratios (each side gated as usual; the "
-                   "comparison only reports)")
+                   help="compare two installs (e.g. the 0.5.9 and the 0.5.23 venv), the one spelling on every tier "
+                   "that compares: kernel tier: the bench runs in each interpreter and the rows merge, each labelled "
+                   "with its versions; server tier: the same modes, profile and prompts with A's, then B's "
+                   "interpreter, side by side with B/A ratios (each side gated as usual; the comparison only "
+                   "reports); the cpu tier tests one install (--python)")
     p.add_argument("--no-doctor", action="store_true",
                    help="server tier: do not run `sglpatch doctor` first (by default a failed check refuses the load)")

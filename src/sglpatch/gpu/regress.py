@@ -44,18 +44,25 @@ def run_regress(tier: str = "all", profile: str | None = None, report: str | Non
                 stress: int | None = None, modes: str | None = None, parity_with: str | None = None,
                 ab: str | None = None, doctor: bool = False, python: str | None = None, quick: bool = False,
                 with_profile: str | None = None, workdir: str | None = None) -> dict:
-    """python: the Python under test, every tier ("A,B": several installs, kernel tier only); workdir:
+    """python: the Python under test, every tier; ab: "A,B", the installs the kernel or server tier compares
+    ("A,B" as python: the old spelling, warned); workdir:
     where to read the Python `apply` installed into (the cpu tier's default); None: not read."""
     if tier not in (*TIERS, "all"):
         raise usage_error(f"unknown tier {tier!r}; choose cpu, kernel, server or all")
-    if ab and tier != "server":
-        raise usage_error("--ab compares two installs in the server tier: use it with --tier server")
     if (quick or with_profile) and tier not in ("kernel", "all"):
         raise usage_error("--quick and --with-profile belong to the kernel tier: use --tier kernel")
     pythons = [p for p in (python or "").split(",") if p.strip()]
-    if len(pythons) > 1 and tier != "kernel":
-        raise usage_error("--python A,B (several installs in one report) belongs to the kernel tier; "
-                          "the server tier compares two installs with --ab A,B")
+    if len(pythons) > 1:  # the old kernel-tier spelling of --ab
+        if ab:
+            raise usage_error("--python A,B and --ab A,B both given: name the installs once, with --ab A,B")
+        print("sglpatch: warning: --python A,B is spelled --ab A,B now (every tier that compares installs); "
+              "read as --ab", file=sys.stderr)
+        ab, pythons, python = python, [], None
+    if ab and tier not in ("kernel", "server"):
+        raise usage_error("--ab A,B compares installs in the kernel or the server tier: use it with --tier kernel or "
+                          "--tier server (the cpu tier tests one install: --python PATH)")
+    if ab and tier == "kernel":  # the kernel tier runs its bench in each interpreter and merges the rows
+        pythons, ab = [p for p in ab.split(",") if p.strip()], None
     proj = Path(project).resolve() if project else find_project_root()
     prof_path = resolve_profile_path(profile, proj) if profile else None
     prof = load_profile(prof_path)

@@ -2,7 +2,7 @@
 which env), running them (a hung or dead backend is named and the remaining backends are
 relaunched), and merging every launch's rows into one list, each row labelled with its install.
 
-Launches per interpreter (`--python A[,B]`, default `[kernel] python`):
+Launches per interpreter (`--ab A,B`, default `[kernel] python`):
 
 - `main`: every backend of `[kernel] backends`, under `[env]` + `[kernel.env]` (NCCL as served);
 - first interpreter only: `p2p_off` (NCCL with NCCL_P2P_DISABLE=1) and `default_env` (NCCL with
@@ -33,7 +33,7 @@ MAX_RELAUNCHES = 4
 
 
 def interpreters(k: dict, python_arg: str | None) -> list[dict]:
-    """[{"key": "A", "python": path}, ...] from --python A[,B] or [kernel] python."""
+    """[{"key": "A", "python": path}, ...] from --ab A,B (regress hands it over as the plan's python) or [kernel] python."""
     raw = [p.strip() for p in python_arg.split(",") if p.strip()] if python_arg else [k.get("python") or sys.executable]
     out = []
     for i, p in enumerate(raw):

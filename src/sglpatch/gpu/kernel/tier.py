@@ -1,5 +1,5 @@
 """Tier kernel: allreduce latency per backend and install (kernel_bench under torchrun, in each
-interpreter of --python A[,B]), the topology, the crossover with NCCL, the decision table (which
+interpreter of --ab A,B), the topology, the crossover with NCCL, the decision table (which
 allreduce, and what EAGLE-3 would give: kernel/decision.py), a comparison with an earlier report,
 and --stress (every result compared exactly with NCCL)."""
 
