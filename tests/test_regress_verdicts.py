@@ -165,3 +165,8 @@ def test_classify_tells_the_code_under_test_from_the_runner(tmp_path):
     assert pytest_record.classify(SyntaxError("bad", (str(under / "b.py"), 1, 1, "x")), [under], "fakesgl") == "under_test"
     assert pytest_record.classify(SyntaxError("bad", (str(tmp_path / "test_x.py"), 1, 1, "x")), [under], "fakesgl") == "runner"
     assert os.sep and signal.SIGINT  # (imports used by the planted cases' text)
+
+
+def test_docs_show_the_table_the_code_keeps():
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "regress.md").read_text()
+    assert "\n".join(verdict.lines()) in doc
