@@ -48,6 +48,7 @@ END_TO_END = {
     # real installs, applies from the cache and rebase faults too (1.6 min -> 5 min for --quick with them in)
     "test_flashinfer_set.py", "test_install_wheel_tree.py", "test_rebase_tree_check.py",
     "test_unpack.py", "test_line_context.py",
+    "test_docs_commands.py",  # the README's and the runbook's command blocks on the user layer (issue 51)
     "test_user_layer.py",  # a fresh clone's own .tool-venv, apply, the whole cpu tier and two bisects (issue 50)
 }
 
