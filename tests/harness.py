@@ -22,6 +22,7 @@ import contextlib
 import fcntl
 import io
 import json
+import math
 import os
 import resource
 import shutil
@@ -75,12 +76,29 @@ def durations_file() -> Path:
     return Path(os.environ.get("SGLPATCH_TEST_CACHE", tempfile.gettempdir())) / "durations.json"
 
 
+MAX_SECONDS = 1e6  # a figure above this is not a test's duration
+
+
+def _seconds(v) -> float | None:
+    """A duration from the file, or None: numbers only (not bools, strings, lists), finite, 0..MAX_SECONDS."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return None
+    try:
+        f = float(v)
+    except OverflowError:  # a 400-digit integer
+        return None
+    return f if math.isfinite(f) and 0 <= f <= MAX_SECONDS else None
+
+
 def _read(path: Path) -> dict:
+    """{nodeid: seconds} of path, entry by entry: a bad entry is left out, the good ones kept."""
     try:
         got = json.loads(path.read_text())
-        return {k: float(v) for k, v in got.items()} if isinstance(got, dict) else {}
-    except (OSError, ValueError, TypeError):
+    except (OSError, ValueError, RecursionError):
         return {}
+    if not isinstance(got, dict):
+        return {}
+    return {k: f for k, v in got.items() if isinstance(k, str) and (f := _seconds(v)) is not None}
 
 
 def read_durations() -> dict:

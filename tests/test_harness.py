@@ -24,13 +24,13 @@ def _suite(root: Path) -> None:
         (root / name).write_text(body)
 
 
-def _run(root: Path, cache: Path, *args: str) -> list[str]:
+def _run(root: Path, cache: Path, *args: str, serial: bool = False) -> list[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SGLPATCH_TEST_CPU", "PYTEST_"))}
     env.update(SGLPATCH_TEST_CACHE=str(cache), PYTHONPATH=f"{TESTS}{os.pathsep}{env.get('PYTHONPATH', '')}")
     (root / "order").unlink(missing_ok=True)
-    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "harness", "-n", "1",
-                        "--dist", "loadfile", "--no-loadscope-reorder", "--rootdir", str(root), "--basetemp", str(root.parent / "basetemp"),
-                        str(root), *args],
+    xdist = ["-p", "no:xdist"] if serial else ["-n", "1", "--dist", "loadfile", "--no-loadscope-reorder"]
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "harness", *xdist,
+                        "--rootdir", str(root), "--basetemp", str(root.parent / "basetemp"), str(root), *args],
                        cwd=root, env=env, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr
     return (root / "order").read_text().split()
@@ -75,6 +75,26 @@ def test_write_durations_merges_rounds_and_prunes_gone_files(tmp_path, monkeypat
     kept.write_text(json.dumps({"tests/gone.py::t": 1.0}))
     harness.write_durations(kept)  # this machine's file: nothing pruned
     assert json.loads(kept.read_text())["tests/gone.py::t"] == 1.0
+
+
+DAMAGED = '{"test_a.py::test_0": ' + "9" * 400 + ', "test_b.py::test_0": "inf", "test_b.py::test_1": -3, ' \
+    '"test_c.py::test_0": "nan", "x": [1], "test_c.py::test_9": 2.5, "test_a.py::test_9": true}'
+
+
+@pytest.mark.parametrize("serial", [False, True])
+def test_a_damaged_durations_file_is_read_entry_by_entry_and_rewritten(tmp_path, serial):
+    """A 400-digit integer, inf, nan, a negative, a list, a bool: each bad entry ignored (the good ones
+    kept), the run passes (parallel and serial), and the file is rewritten with finite figures."""
+    root, cache = tmp_path / "suite", tmp_path / "cache"
+    root.mkdir()
+    cache.mkdir()
+    _suite(root)
+    (cache / "durations.json").write_text(DAMAGED)
+    order = _run(root, cache, serial=serial)
+    assert sorted(order) == ["test_a.py", "test_b.py", "test_b.py", "test_c.py"]
+    got = json.loads((cache / "durations.json").read_text())
+    assert got["test_c.py::test_9"] == 2.5 and "x" not in got and "test_a.py::test_9" not in got
+    assert all(isinstance(v, float) and 0 <= v < 1e9 for v in got.values()), got
 
 
 def test_the_kept_file_names_only_tests_that_exist():
