@@ -380,3 +380,15 @@ def test_a_new_venv_of_another_cpython_gets_the_releases_own_extensions(tmp_path
     assert f"installed sglang {LINE} editable from {wd}/python into {disk_tmp_path / 'new'}/bin/python" in res.stdout
     assert git(wd, "status", "--porcelain") == "" and "sglpatch-fake-dep" in subprocess.run(
         [str(disk_tmp_path / "new" / "bin" / "python"), "-m", "pip", "list"], capture_output=True, text=True).stdout
+
+
+@pytest.mark.parametrize("args", [("lines",), ("status", "--line", LINE), ("apply", "--line", LINE, "--no-install"),
+                                  ("bisect", "--triage", "--", "true")])
+def test_the_filesystem_root_as_workdir_is_one_line(tmp_path, args):
+    """SGLANG_FORK_DIR=/ (or --workdir /): one line naming it, exit 2; was a ValueError traceback."""
+    res = sglpatch(*args, cwd=ROOT, env=dict(os.environ, SGLANG_FORK_DIR="/"))
+    assert res.returncode == 2 and res.stderr.strip().splitlines() == [
+        f"sglpatch: error: SGLANG_FORK_DIR=/: the workdir cannot be the filesystem root; name a folder of its own, "
+        f"e.g. {Path.home() / 'sglang-fork'}"], res.stderr
+    res = sglpatch("status", "--workdir", "/", cwd=ROOT)
+    assert res.returncode == 2 and "sglpatch: error: --workdir /: the workdir cannot be the filesystem root" in res.stderr

@@ -22,7 +22,15 @@ def base(given: str | os.PathLike | None = None) -> Path:
     """The base workdir: given (--workdir), else $SGLANG_FORK_DIR, else ~/sglang-fork; absolute,
     without a trailing slash ("/x/fork/" is /x/fork, so its line's is /x/fork-R, never /x/fork/-R)."""
     raw = str(given) if given else (os.environ.get(ENV) or str(Path.home() / DEFAULT_NAME))
-    return Path(os.path.normpath(os.path.abspath(os.path.expanduser(raw))))
+    path = Path(os.path.normpath(os.path.abspath(os.path.expanduser(raw))))
+    if not path.name:  # "/": no workdir, and no name to append -R to
+        from sglpatch import exitcodes
+        from sglpatch.errors import SglpatchError
+
+        where = f"--workdir {raw}" if given else f"{ENV}={raw}"
+        raise SglpatchError(f"{where}: the workdir cannot be the filesystem root; name a folder of its own, "
+                            f"e.g. {Path.home() / DEFAULT_NAME}", exitcodes.USAGE)
+    return path
 
 
 def workdir_of(base_dir: Path, release: str | None) -> Path:
