@@ -179,8 +179,10 @@ def lockfile(git: Git) -> Path:
 
 def put_back_built(git: Git, quiet: bool = False) -> list[str]:
     """Check out from HEAD the files an install's build rewrote (BUILT: never the user's edits, never
-    exported), saying so unless quiet (the install's own clean-up); returns them."""
-    built = [p for p in git.dirty_files() if p in BUILT] if git.head_commit() else []
+    exported), saying so unless quiet (the install's own clean-up); returns them. Only on our own
+    branches: on the user's branch or a detached HEAD the file is theirs, and nothing is touched."""
+    ours = git.current_branch() in (PATCHED_BRANCH, UPSTREAM_BRANCH)
+    built = [p for p in git.dirty_files() if p in BUILT] if ours and git.head_commit() else []
     if built:
         git.run("checkout", "-q", "HEAD", "--", *built)
         if not quiet:
@@ -206,6 +208,15 @@ def guard_movable(git: Git) -> None:
             f"{index_lock} exists: a git command is running in {git.workdir}, or one was killed; "
             "if no git is running there, remove that file and re-run; nothing was changed"
         )
+    branch = git.current_branch()  # refused first, before anything in DIR is touched
+    if branch is None:
+        raise SglpatchError(
+            f"HEAD in {git.workdir} is detached at {git.head_commit()[:12]}; put your work on a branch, then "
+            f"`git -C {git.workdir} checkout {PATCHED_BRANCH}` and re-run; nothing was changed"
+        )
+    if branch not in (PATCHED_BRANCH, UPSTREAM_BRANCH) and git.head_commit() is not None:
+        raise SglpatchError(f"{git.workdir} is on branch {branch!r}; `git -C {git.workdir} checkout {PATCHED_BRANCH}` "
+                            "and re-run; nothing was changed")
     dirty = edits(git, put_back=True)[0]
     if dirty and git.head_commit() is None and git.config_get(CHECKOUT_KEY):
         dirty = []  # the first checkout into this fresh workdir was interrupted; apply finishes it
@@ -215,14 +226,6 @@ def guard_movable(git: Git) -> None:
             f"{git.workdir} has uncommitted changes ({shown}); commit them on {PATCHED_BRANCH} and run "
             "`sglpatch export`, or `git stash` them; nothing was changed"
         )
-    branch = git.current_branch()
-    if branch is None:
-        raise SglpatchError(
-            f"HEAD in {git.workdir} is detached at {git.head_commit()[:12]}; put your work on a branch, then "
-            f"`git -C {git.workdir} checkout {PATCHED_BRANCH}` and re-run"
-        )
-    if branch not in (PATCHED_BRANCH, UPSTREAM_BRANCH) and git.head_commit() is not None:
-        raise SglpatchError(f"{git.workdir} is on branch {branch!r}; `git -C {git.workdir} checkout {PATCHED_BRANCH}` and re-run")
 
 
 def move_patched(git: Git, new_head: str, old_head: str | None) -> None:

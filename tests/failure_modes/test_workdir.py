@@ -63,6 +63,14 @@ def test_foreign_branch_checked_out(case):
     before = case.state()
     refused(case.apply(), "my-experiment", "checkout patched")
     assert case.state() == before
+    # an uncommitted edit of the version file on the user's own branch is theirs: refused first, nothing touched
+    edited = _as_a_build_writes_it(case)
+    before = case.state()
+    refused(case.apply(), "my-experiment", "checkout patched")
+    bis = case.run("bisect", "--project", str(case.project), "--workdir", str(case.fork), "--", "true")
+    assert bis.returncode == exitcodes.ERROR and "is on my-experiment, not patched" in bis.stderr, bis.stderr
+    assert case.state() == before and (case.fork / VERSION_PY).read_text() == edited
+    git(case.fork, "checkout", "-q", "--", VERSION_PY)
     git(case.fork, "checkout", "-q", "patched")
     ok(case.apply())
     case.outside_clean()

@@ -67,15 +67,15 @@ def _bisecting(git: Git) -> bool:
 def _guard(git: Git) -> None:
     if _bisecting(git):
         raise BisectError(f"a git bisect is already in progress in {git.workdir}; finish it or run `git -C {git.workdir} bisect reset`, then re-run")
+    branch = git.current_branch()  # refused first, before anything in DIR is touched
+    if branch != PATCHED_BRANCH:
+        raise BisectError(f"{git.workdir} is on {branch or 'a detached HEAD'}, not {PATCHED_BRANCH}; `git -C {git.workdir} checkout {PATCHED_BRANCH}` and re-run")
     dirty = edits(git, put_back=True)[0]
     if dirty:
         shown = ", ".join(dirty[:3]) + (f" and {len(dirty) - 3} more" if len(dirty) > 3 else "")
         raise BisectError(
             f"{git.workdir} has uncommitted changes ({shown}); commit them on {PATCHED_BRANCH} and `sglpatch export`, or `git stash` them, then re-run"
         )
-    branch = git.current_branch()
-    if branch != PATCHED_BRANCH:
-        raise BisectError(f"{git.workdir} is on {branch or 'a detached HEAD'}, not {PATCHED_BRANCH}; `git -C {git.workdir} checkout {PATCHED_BRANCH}` and re-run")
 
 
 def _resolve(git: Git, ref: str, what: str) -> str:
