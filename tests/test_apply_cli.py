@@ -123,6 +123,14 @@ def _uv_env() -> dict:
     return {"PATH": f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}"}
 
 
+def test_redaction_is_pips():
+    from sglpatch import redact
+
+    assert redact.url("https://u:p@h.example/simple") == "https://u:****@h.example/simple"
+    assert redact.url("https://token@h.example/simple and http://h2/x") == "https://****@h.example/simple and http://h2/x"
+    assert redact.shown(["pip", "--index-url=https://u:p@h/s", "-e", "/a@b"]) == "pip --index-url=https://u:****@h/s -e /a@b"
+
+
 def test_warm_apply_into_a_venv_without_sglangs_dependencies_reinstalls_nothing(project_copy, tmp_path):
     """Issue 50: the "already installed" check imported sglang, which fails where its dependencies are
     missing, so every warm apply reinstalled it; now the install record (dist metadata) answers."""

@@ -59,3 +59,13 @@ def test_uv_is_handed_pip_installs_settings(tmp_path, monkeypatch):
                     "extra-index-url": ["http://a.example/simple", "http://b.example/simple"]}
     assert pip_config.uv_args()[:6] == ["--index-url", "http://install.example/simple", "--extra-index-url", "http://a.example/simple",
                                         "--extra-index-url", "http://b.example/simple"]
+
+
+def test_an_index_with_credentials_is_named_without_them():
+    """Issue 52: the index URL in a message keeps its user, never its password or token."""
+    from sglpatch.errors import SglpatchError
+    from sglpatch.upstream import pkgindex
+
+    with pytest.raises(SglpatchError) as e:
+        pkgindex.files_at("http://alice:s3cr3t@127.0.0.1:9/simple", "sglang")
+    assert "s3cr3t" not in str(e.value) and "http://alice:****@127.0.0.1:9/simple" in str(e.value), str(e.value)

@@ -15,6 +15,7 @@ import tempfile
 import zipfile
 from pathlib import Path
 
+from sglpatch import redact
 from sglpatch import exitcodes
 from sglpatch.pythonenv import interpreter
 from sglpatch.errors import SglpatchError
@@ -177,7 +178,7 @@ def install(workdir: Path, python: str | None = None, installer: str = "auto", v
                 cmd = [uv, "pip", "install", "--python", py, "--no-deps", str(whl)]
             else:
                 cmd = [py, "-m", "pip", "install", "--no-deps", "--disable-pip-version-check", str(whl)]
-            print(f"sglpatch: installing (editable, a .pth to {src} + {lock.name} {lock.version}'s METADATA): {' '.join(cmd)}",
+            print(f"sglpatch: installing (editable, a .pth to {src} + {lock.name} {lock.version}'s METADATA): {redact.shown(cmd)}",
                   file=sys.stderr, flush=True)
             proc = subprocess.run(cmd, stdout=sys.stderr, stderr=sys.stderr)
             crashpoint("install:built")
@@ -191,7 +192,7 @@ def install(workdir: Path, python: str | None = None, installer: str = "auto", v
         cmd = [uv, "pip", "install", "--python", py, "--no-deps", "-e", str(src)]
     else:
         cmd = [py, "-m", "pip", "install", "--no-deps", "--disable-pip-version-check", "-e", str(src)]
-    print(f"sglpatch: installing: {' '.join(cmd)}", file=sys.stderr, flush=True)
+    print(f"sglpatch: installing: {redact.shown(cmd)}", file=sys.stderr, flush=True)
     git = Git(workdir)
     env = dict(os.environ)
     if version:

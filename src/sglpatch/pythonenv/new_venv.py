@@ -23,6 +23,7 @@ from email.parser import Parser
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
+from sglpatch import redact
 from sglpatch.upstream import artifacts
 from sglpatch.pythonenv import cuda_builds as cudavariant, flashinfer_set, preflight
 from sglpatch import toml
@@ -157,7 +158,7 @@ def resolve(reqs: list[str], python: str, installer: str, tmp: Path, indexes: li
     if uv:
         out = tmp / "pylock.toml"
         cmd = [uv, "pip", "compile", "-q", str(req_file), "--python", python, "--format", "pylock.toml", *_extra_indexes(indexes), "-o", str(out)]
-        plan = Plan("uv", python, version, " ".join(cmd[:4] + ["requirements.txt"] + cmd[5:-1] + ["pylock.toml"]), lockfile=out,
+        plan = Plan("uv", python, version, redact.shown(cmd[:4] + ["requirements.txt"] + cmd[5:-1] + ["pylock.toml"]), lockfile=out,
                     indexes=list(indexes))
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0:
@@ -173,7 +174,8 @@ def resolve(reqs: list[str], python: str, installer: str, tmp: Path, indexes: li
     report = tmp / "report.json"
     cmd = [python, "-m", "pip", "install", "--dry-run", "--ignore-installed", "-q", *_extra_indexes(indexes), "--report", str(report),
            "-r", str(req_file)]
-    plan = Plan("pip", python, version, " ".join(cmd[:-4] + ["--report", "report.json", "-r", "requirements.txt"]), indexes=list(indexes))
+    plan = Plan("pip", python, version, redact.shown(cmd[:-4] + ["--report", "report.json", "-r", "requirements.txt"]),
+                indexes=list(indexes))
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         return plan, _one_line(proc.stderr or proc.stdout)
@@ -300,7 +302,7 @@ def _source(p: Package, plan: Plan, cuda: cudavariant.Selection | None) -> str:
         return "no CUDA 12 build (the default index's)"
     cu = cudavariant.variant(p.name, p.version)
     index = next((i for i in plan.indexes if p.url.startswith(i.rstrip("/") + "/")), "")
-    return (cu + (f" from {index}" if index else "")).strip()
+    return (cu + (f" from {redact.url(index)}" if index else "")).strip()
 
 
 def create(prep: Prepared, base_python: str) -> None:
@@ -318,7 +320,7 @@ def create(prep: Prepared, base_python: str) -> None:
     else:
         cmd = [str(prep.python), "-m", "pip", "install", "--no-deps", "--disable-pip-version-check", *_extra_indexes(plan.indexes),
                "-r", str(plan.lockfile)]
-    say(f"installing {len(plan.packages)} packages into {venv_dir} (the plan above): {' '.join(cmd)}")
+    say(f"installing {len(plan.packages)} packages into {venv_dir} (the plan above): {redact.shown(cmd)}")
     if subprocess.run(cmd).returncode != 0:
         raise SglpatchError(
             f"installing the plan into {venv_dir} failed (see above); that venv is incomplete: fix the cause and re-run "

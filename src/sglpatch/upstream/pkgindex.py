@@ -25,7 +25,7 @@ from functools import lru_cache
 from html.parser import HTMLParser
 from pathlib import Path
 
-from sglpatch import exitcodes
+from sglpatch import exitcodes, redact
 from sglpatch.upstream.cachedir import cache_dir
 from sglpatch.errors import SglpatchError, say
 from sglpatch.fsutil import crashpoint
@@ -147,7 +147,7 @@ def _save_answer(saved: Path, files: list[dict], base: str) -> None:
             os.unlink(tmp)
             raise
     except OSError as e:
-        say(f"cannot save the answer of the package index {base} in {saved} ({e.strerror or e}); using it without saving it")
+        say(f"cannot save the answer of the package index {redact.url(base)} in {saved} ({e.strerror or e}); using it without saving it")
 
 
 # the index is untrusted input: a file name is a plain name (it becomes a path in the cache), a
@@ -171,19 +171,19 @@ def index_files(name: str) -> tuple[Artifact, ...]:
         with urllib.request.urlopen(req, timeout=60) as resp:
             files = _parse_index(name, resp.read(), resp.headers.get("Content-Type", ""), base)
     except _IndexShape as e:
-        raise ArtifactError(f"the package index {base} answered, but {e}; check PIP_INDEX_URL / your pip index and re-run") from None
+        raise ArtifactError(f"the package index {redact.url(base)} answered, but {e}; check PIP_INDEX_URL / your pip index and re-run") from None
     except (OSError, ValueError) as e:
         if not saved.is_file():
-            raise ArtifactError(f"cannot read the package index {base} ({e}); check the network / pip index and re-run") from None
+            raise ArtifactError(f"cannot read the package index {redact.url(base)} ({e}); check the network / pip index and re-run") from None
         try:
             files = _saved_shape(json.loads(saved.read_text()))
         except (OSError, ValueError) as bad:
             raise ArtifactError(
-                f"the package index {base} does not answer ({e}), and its answer saved in {saved} is damaged ({bad}); "
+                f"the package index {redact.url(base)} does not answer ({e}), and its answer saved in {saved} is damaged ({bad}); "
                 "delete that file, restore the network and re-run"
             ) from None
         when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(saved.stat().st_mtime))
-        say(f"the package index {base} does not answer ({e}); using its answer saved in {saved} on {when}: "
+        say(f"the package index {redact.url(base)} does not answer ({e}); using its answer saved in {saved} on {when}: "
             "nothing was verified online (the files and sha256s are the ones that answer listed)")
     else:
         _save_answer(saved, files, base)
@@ -202,9 +202,9 @@ def files_at(index: str, name: str) -> tuple[Artifact, ...]:
     except urllib.error.HTTPError as e:
         if e.code == 404:
             return ()
-        raise ArtifactError(f"cannot read the package index {base} ({e}); check the network and re-run") from None
+        raise ArtifactError(f"cannot read the package index {redact.url(base)} ({e}); check the network and re-run") from None
     except (OSError, ValueError) as e:
-        raise ArtifactError(f"cannot read the package index {base} ({e}); check the network and re-run") from None
+        raise ArtifactError(f"cannot read the package index {redact.url(base)} ({e}); check the network and re-run") from None
 
 
 def _artifacts(files: list[dict], name: str, base: str) -> tuple[Artifact, ...]:
@@ -213,7 +213,7 @@ def _artifacts(files: list[dict], name: str, base: str) -> tuple[Artifact, ...]:
     for f in files:
         fn = f["filename"]
         if not _SAFE_FILENAME.match(fn) or not _safe_url(f.get("url", ""), base):
-            say(f"the package index {base} lists {fn!r} at {f.get('url', '')!r}: not a plain file name or URL; ignored")
+            say(f"the package index {redact.url(base)} lists {fn!r} at {f.get('url', '')!r}: not a plain file name or URL; ignored")
             continue
         if fn.endswith(".whl"):
             parts = fn[:-4].split("-")
