@@ -216,8 +216,9 @@ def test_installed_tree_without_its_dependencies_gets_the_install_deps_command(t
     assert c.text == (f"sglang 0.5.9 is installed (editable from {tree}) but does not import with {sys.executable}: "
                       "ModuleNotFoundError: No module named 'sglpatch_test_dep_not_there'; none of its 1 declared dependencies is "
                       "installed (sglpatch-test-dep-not-there missing)")
+    then = f" && sglpatch apply --with-flashinfer --python {sys.executable} --workdir {tree.parent}"  # the tree carries P5's adapter
     assert c.fix == (f"install them: {sys.executable} -m pip install -e {tree}" if not interpreter.find_uv() else
-                     f"install them: {interpreter.find_uv()} pip install --python {sys.executable} -e {tree}") + \
+                     f"install them: {interpreter.find_uv()} pip install --python {sys.executable} -e {tree}") + then + \
         "; or build a complete new venv: scripts/apply.sh --venv NEWDIR"
     fi, _ = dc.check_kernels(dc.probe_python(sys.executable, env), served)
     assert "usable by P5 (0.5.9 + the series)" in fi.text and "no PCIe-IPC adapter" not in fi.text, fi.line()

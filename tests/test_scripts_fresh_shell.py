@@ -234,7 +234,8 @@ def test_a_fresh_venv_is_told_the_exact_command_for_sglangs_own_dependencies(app
     assert f"warning: {applied.py} cannot import sglang yet: ModuleNotFoundError: No module named " in out
     assert "declared dependencies is installed (" in out  # none of them: the venv is fresh
     cmd = f"SETUPTOOLS_SCM_PRETEND_VERSION_FOR_SGLANG=0.5.9 {applied.py} -m pip install -e {tree}"
-    assert f"install SGLang 0.5.9's own dependencies: {cmd}\n" in out
+    then = f" && sglpatch apply --with-flashinfer --python {applied.py} --workdir {applied.wd}"  # P5's flashinfer pin: the set completed
+    assert f"install SGLang 0.5.9's own dependencies: {cmd}{then}\n" in out
     assert "scripts/apply.sh --venv NEWDIR" in out
     # it is apply's own install command without --no-deps
     assert f"installing: {applied.py} -m pip install --no-deps --disable-pip-version-check -e {tree}" in applied.proc.stderr

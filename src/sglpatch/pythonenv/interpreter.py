@@ -187,13 +187,26 @@ def missing_requirements(requires: list[str], installed: dict[str, str], env: di
     return count, missing
 
 
+P5_ADAPTER = "srt/distributed/device_communicators/pcie_ipc_allreduce.py"  # P5's module, under the tree's sglang/
+
+
 def deps_command(python: str, tree: str, version: str | None, uv: str | None) -> str:
     """The command that installs the sglang tree's own declared dependencies into python: the same
-    editable install apply made, without --no-deps (the tree's pyproject.toml pins the release's)."""
+    editable install apply made, without --no-deps (the tree's pyproject.toml pins the release's).
+
+    A tree that carries P5 pins the series' flashinfer-python (0.7.2, deps/flashinfer.toml) instead
+    of the release's: that install brings it in, but removes nothing of the release's flashinfer set
+    (flashinfer-cubin, flashinfer-jit-cache, quack-kernels), runs neither pip check nor the JIT check
+    and records no way back. The command then goes on with the `apply --with-flashinfer` that does
+    (after the install: --with-flashinfer refuses a venv without torch)."""
     env = f"SETUPTOOLS_SCM_PRETEND_VERSION_FOR_SGLANG={version} " if version else ""
     if uv:
-        return f"{env}{shlex.quote(uv)} pip install --python {shlex.quote(python)} -e {shlex.quote(tree)}"
-    return f"{env}{shlex.quote(python)} -m pip install -e {shlex.quote(tree)}"
+        cmd = f"{env}{shlex.quote(uv)} pip install --python {shlex.quote(python)} -e {shlex.quote(tree)}"
+    else:
+        cmd = f"{env}{shlex.quote(python)} -m pip install -e {shlex.quote(tree)}"
+    if (Path(tree) / "sglang" / P5_ADAPTER).is_file():
+        cmd += f" && sglpatch apply --with-flashinfer --python {shlex.quote(python)} --workdir {shlex.quote(str(Path(tree).parent))}"
+    return cmd
 
 
 def find_uv() -> str | None:
