@@ -10,8 +10,8 @@ import re
 import subprocess
 from pathlib import Path
 
-from sglpatch import exitcodes
-from sglpatch.errors import SglpatchError, say
+from sglpatch import exitcodes, extrecord
+from sglpatch.errors import SglpatchError
 
 _PROBE = ("import importlib.metadata as m, importlib.util as u, sys\n"
           "try:\n    v = m.version('sglang')\nexcept Exception:\n    v = ''\n"
@@ -124,44 +124,9 @@ def compiled_for(workdir: Path, line, cp: str, python: str) -> str:
                 raise SglpatchError(f"{art.filename}: {rel} is not the file {line.where}upstream.lock pins ({got[:12]}, not {blob[:12]}); "
                                     "its compiled extensions are not taken; nothing was installed")
         taken = [n for n in sorted(names) if so.match(n) and ".." not in n.split("/")]
-        rels = [f"{lock.sdist_subdir}/{n}" for n in taken]
-        _record(workdir).write_text("".join(f"{r}\n" for r in [f"{lock.pin_digest()} {cp}", *rels]))  # before: a kill leaves none unlisted
-        for rel, n in zip(rels, taken):
-            out = Path(workdir) / rel
-            out.parent.mkdir(parents=True, exist_ok=True)
-            out.write_bytes(zf.read(n))
+        extrecord.add(workdir, lock.pin_digest(), cp, {f"{lock.sdist_subdir}/{n}": zf.read(n) for n in taken})
     return (f"the line {line.release} pins {lock.sdist_filename}; for Python {v}: {len(taken)} compiled extension(s) of {art.filename} "
             f"(sha256 {art.sha256}, the index's) beside its tree, untracked; its sources are the lock's")
-
-
-def _record(workdir: Path) -> Path:
-    from sglpatch.fsutil import no_link
-
-    return no_link(Path(workdir) / ".git" / "sglpatch-extensions", "sglpatch keeps its record of the extensions it wrote there: "
-                   "remove the link and re-run")
-
-
-def drop_extensions(git, lock) -> None:
-    """The extensions compiled_for wrote beside a tree belong to that tree's pin: when the tree is to
-    move to another pin (apply, inside its transaction), they go, or Python would load them over the
-    other release's modules (an extension module is found before a .py of the same name)."""
-    rec = _record(git.workdir)
-    if not rec.is_file():
-        return
-    head, *rels = rec.read_text().splitlines() or [""]
-    pin, _, cp = head.partition(" ")
-    if pin == lock.pin_digest():
-        return
-    root, gone = Path(git.workdir).resolve(), 0
-    tracked = set(git.run("ls-files", "-z", "--", *rels).split("\0")) if rels else set()
-    for rel in rels:
-        f = Path(git.workdir) / rel
-        if rel in tracked or f.is_symlink() or not f.is_file() or not f.resolve().is_relative_to(root):
-            continue
-        f.unlink()
-        gone += 1
-    rec.unlink()
-    say(f"removed {gone} compiled extension(s) for Python {cp[2:3]}.{cp[3:]} that an install of another release left beside {git.workdir}'s tree")
 
 
 def guard_pin(git, project_root: Path) -> None:

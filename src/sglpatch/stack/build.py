@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from sglpatch import lineguard, lines
+from sglpatch import extrecord, lines
 from sglpatch.errors import SglpatchError, say
 from sglpatch.fsutil import crashpoint
 from sglpatch.gitcmd import FIXED_DATE, Git, last_line
@@ -216,8 +216,10 @@ def _apply_locked(git: Git, project: Project, project_root: Path, source, force,
         if old_head != rec_head:
             say(f"kept the previous {PATCHED_BRANCH} as {backup}")
     crashpoint("apply:backup")
-    lineguard.drop_extensions(git, project.lock)  # another pin's extensions must not stay beside this tree
     move_patched(git, new_head, old_head)
+    # another pin's extensions must not stay beside this tree: after the move, so that a move that fails keeps
+    # the old tree's (a kill between the two: the next apply drops them)
+    extrecord.drop_other_pins(git, project.lock.pin_digest())
     crashpoint("apply:moved")
     record(git, digest, new_head)
     return ApplyResult(
