@@ -7,41 +7,13 @@ line naming the way out, with the line's --line."""
 from __future__ import annotations
 
 import re
-import subprocess
 from pathlib import Path
 
 from sglpatch import exitcodes, extrecord
 from sglpatch.errors import SglpatchError
+from sglpatch.pythonenv.interpreter import probe, same_version  # noqa: F401  (apply asks them here too)
 
-_PROBE = ("import importlib.metadata as m, importlib.util as u, sys\n"
-          "try:\n    v = m.version('sglang')\nexcept Exception:\n    v = ''\n"
-          "s = u.find_spec('sglang')\n"
-          "print(v); print(s.origin if s and s.origin else ''); print(f'cp{sys.version_info[0]}{sys.version_info[1]}')\n")
 _WHEEL_PY = re.compile(r"-(cp\d+)-(cp\d+|abi3|none)-[^-]+\.whl$")
-
-
-def probe(python: str) -> tuple[str, str, str] | None:
-    """(sglang version installed, where it imports from, cpXY) of python, read without importing
-    sglang; None when it does not run."""
-    try:
-        out = subprocess.run([python, "-c", _PROBE], capture_output=True, text=True, timeout=60, cwd="/").stdout.splitlines()
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return (out[0], out[1], out[2]) if len(out) == 3 else None
-
-
-def _norm(v: str) -> str:
-    try:
-        from packaging.version import Version
-
-        return str(Version(v))
-    except Exception:
-        return v
-
-
-def same_version(a: str, b: str) -> bool:
-    """Two version strings name the same release (PEP 440: 0.5.10.post1 == 0.5.10post1)."""
-    return _norm(a) == _norm(b)
 
 
 def guard_release(python: str, line, opt: str, allowed: bool, workdir: Path) -> None:

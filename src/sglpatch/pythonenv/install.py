@@ -93,12 +93,10 @@ def guard_serving(workdir: Path, moving: str, fix: str) -> None:
 def installed_from(python: str, src: Path, version: str | None) -> bool:
     """Whether python's install record says sglang (version, when given) is installed and found in src,
     read without importing sglang (a venv without sglang's dependencies fails the import)."""
-    from sglpatch import lineguard
-
-    facts = lineguard.probe(python)
+    facts = interpreter.probe(python)
     if facts is None or not facts[0] or not facts[1] or not Path(facts[1]).resolve().is_relative_to(Path(src).resolve()):
         return False
-    return version is None or lineguard.same_version(facts[0], version)
+    return version is None or interpreter.same_version(facts[0], version)
 
 
 def installed_sglang(python: str) -> tuple[str, str] | None:

@@ -226,3 +226,33 @@ def missing_summary(st: ModuleState, shown: int = 6) -> str:
     verb = "is" if how_many == "none of its" else "are not"
     failed = f"{st.error}; " if st.error else ""
     return f"{failed}{how_many} {st.declared} declared dependencies {verb} installed ({', '.join(names)}{more} missing)"
+
+
+_PROBE = ("import importlib.metadata as m, importlib.util as u, sys\n"
+          "try:\n    v = m.version('sglang')\nexcept Exception:\n    v = ''\n"
+          "s = u.find_spec('sglang')\n"
+          "print(v); print(s.origin if s and s.origin else ''); print(f'cp{sys.version_info[0]}{sys.version_info[1]}')\n")
+
+
+def probe(python: str) -> tuple[str, str, str] | None:
+    """(sglang version installed, where it imports from, cpXY) of python, read without importing
+    sglang; None when it does not run."""
+    try:
+        out = subprocess.run([python, "-c", _PROBE], capture_output=True, text=True, timeout=60, cwd="/").stdout.splitlines()
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return (out[0], out[1], out[2]) if len(out) == 3 else None
+
+
+def _norm(v: str) -> str:
+    try:
+        from packaging.version import Version
+
+        return str(Version(v))
+    except Exception:
+        return v
+
+
+def same_version(a: str, b: str) -> bool:
+    """Two version strings name the same release (PEP 440: 0.5.10.post1 == 0.5.10post1)."""
+    return _norm(a) == _norm(b)
