@@ -5,11 +5,12 @@ codes). The options the commands share are sglpatch.cliargs' vocabulary."""
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 
 from sglpatch import __version__, exitcodes
 from sglpatch.commands import apply, bisect, check, doctor, export, lines, lock, profile_report, rebase, regress, status, watch
-from sglpatch.errors import SglpatchError
+from sglpatch.errors import SglpatchError, Terminated
 
 DESCRIPTION = """\
 Keep a patched SGLang as a patch series (patch files, in order) on one pinned SGLang release. Build
@@ -77,6 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     args, extra = parser.parse_known_args(argv)
     if extra:  # the command's own usage line, not the top-level one (`rebase --dryrun`)
         parsers[args.command].error(f"unrecognized arguments: {' '.join(extra)}")
+    old_term = _on_sigterm()
     try:
         if hasattr(args, "line"):  # every command that acts on a series: its line and tree, resolved once
             from sglpatch import context
@@ -86,9 +88,34 @@ def main(argv: list[str] | None = None) -> int:
     except SglpatchError as e:
         print(f"sglpatch: error: {e}", file=sys.stderr)
         return e.exit_code
+    except Terminated:
+        print("sglpatch: terminated (SIGTERM); what it had started was stopped first, and nothing is left half-done "
+              "that the next run does not finish", file=sys.stderr)
+        return exitcodes.INTERRUPTED
     except KeyboardInterrupt:
         print("sglpatch: interrupted", file=sys.stderr)
         return exitcodes.INTERRUPTED
+    finally:
+        if old_term is not None:
+            signal.signal(signal.SIGTERM, old_term)
+
+
+def _terminate(signum, frame) -> None:
+    """`kill PID`: end pip, uv, git and their builds first, then unwind as Ctrl-C does (each command's
+    clean-up runs; its lock is released only once nothing it started is left running)."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # one clean-up
+    from sglpatch import proctree
+
+    proctree.end_descendants()
+    raise Terminated()
+
+
+def _on_sigterm():
+    """Install _terminate for SIGTERM; the handler it replaced (None off the main thread)."""
+    try:
+        return signal.signal(signal.SIGTERM, _terminate)
+    except ValueError:
+        return None
 
 
 if __name__ == "__main__":

@@ -15,6 +15,10 @@ class SglpatchError(Exception):
             self.exit_code = exit_code
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (`kill PID`): unwinds like Ctrl-C, after what this process started has ended."""
+
+
 def say(msg: str) -> None:
     """Progress and warnings: one line on stderr, prefixed like the errors."""
     import sys

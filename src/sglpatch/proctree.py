@@ -114,3 +114,22 @@ def kill_group(pgid: int, grace: float = 5.0, seen: Tree | None = None, reap: su
     """Kill the process group ``pgid`` and what ``seen`` remembered of it; see :class:`Tree`."""
     tree = seen if seen is not None else Tree(pgid)
     return tree.kill(grace=grace, reap=reap)
+
+
+def end_descendants(grace: float = 5.0) -> list[int]:
+    """SIGTERM every descendant of this process (pip, uv, git, their builds), SIGKILL what is left
+    after grace seconds; the PIDs still alive after that (normally none)."""
+    try:
+        kids = psutil.Process().children(recursive=True)
+    except psutil.Error:
+        return []
+    for sig, wait_s in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
+        for k in kids:
+            try:
+                k.send_signal(sig)
+            except psutil.Error:
+                pass
+        _, kids = psutil.wait_procs(kids, timeout=wait_s)
+        if not kids:
+            break
+    return [k.pid for k in kids]
