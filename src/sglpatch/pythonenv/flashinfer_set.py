@@ -5,7 +5,8 @@ requirements installed in the same resolver call (``override``), the packages th
 Into an existing Python (``apply --python P --with-flashinfer``, ``scripts/apply.sh``): what P has
 is read first; when it already holds the set nothing is installed. Otherwise pip's plan with the
 user's pip configuration comes first (``plan_first``, sglpatch.pythonenv.pip_config: added, changed, removed,
-sizes; refused when it would install or upgrade torch), then one installer call (uv when found,
+sizes; refused when it would install or upgrade torch, and before that, from the set's own
+metadata, when P has no torch), then one installer call (uv when found,
 handed pip's configuration, else pip) installs exactly that plan, then
 the packages to remove are uninstalled, then ``pip check`` runs: a line of it that names a package
 of the set fails the step (the others are P's own and are listed). The versions P had are printed
@@ -21,6 +22,7 @@ the set before the venv's plan is resolved; the same ``pip check`` rule runs on 
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 from dataclasses import dataclass, field
@@ -221,13 +223,41 @@ def verdict(python: str, fs: FlashinferSet, installer: str = "auto", rollback: s
         if others else " (clean)")
 
 
+def torch_wanted(python: str, fs: FlashinferSet) -> list[str]:
+    """What the set's own packages ask of torch, from their metadata as pip finds them with the user's
+    pip configuration (one `--no-deps` report: no resolution): ["flashinfer-python 0.7.2 requires torch
+    (any version)"]; [] when none asks or pip cannot say."""
+    extra = ["--extra-index-url", fs.index] if fs.index else []
+    cmd = [*pipconf.pip_cmd(python), "install", "--dry-run", "--no-deps", "--ignore-installed", "-q", "--disable-pip-version-check",
+           "--report", "-", *extra, *fs.requirements]
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd="/")
+    try:
+        report = json.loads(proc.stdout[proc.stdout.index("{"):]) if proc.returncode == 0 else {}
+        env = dict(report.get("environment") or {}, extra="")
+        out = []
+        for item in report.get("install", []):
+            meta = item["metadata"]
+            for text in meta.get("requires_dist") or []:
+                r = Requirement(text)
+                if norm(r.name) == "torch" and (r.marker is None or r.marker.evaluate(env)):
+                    out.append(f"{meta['name']} {meta['version']} requires torch{r.specifier or ' (any version)'}")
+        return out
+    except (ValueError, KeyError, TypeError, AttributeError, InvalidRequirement):
+        return []
+
+
 def plan_first(python: str, fs: FlashinferSet, have: dict[str, str] | None = None) -> pipconf.InstallPlan | None:
     """Before anything is built or installed: pip's plan for the set in python with the user's pip
-    configuration (added, changed, removed, sizes), printed; one line when it needs another torch."""
+    configuration (added, changed, removed, sizes), printed; one line when it needs another torch,
+    and before any resolution when python has no torch and the set's packages ask for one."""
     have = installed(python) if have is None else have
     t = todo(fs, have)
     if t.nothing:
         return None
+    wanted = torch_wanted(python, fs) if t.install and "torch" not in have else []
+    if wanted:
+        raise SglpatchError(f"flashinfer: {python} has no torch, and {'; '.join(wanted)}: --with-flashinfer never installs or "
+                            f"upgrades torch; install the torch you serve with into {python} first, then re-run; nothing was installed")
     p = pipconf.plan(python, t.install, have, fs.index, "flashinfer") if t.install else pipconf.InstallPlan(python)
     p.removed = [(n, have[n], fs.remove[n]) for n in t.remove]
     print("\n".join(p.lines("flashinfer")), flush=True)
