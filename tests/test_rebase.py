@@ -358,3 +358,19 @@ def test_real_full_rebase_is_unattended(patched_tree, tmp_path):
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=900,
     )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+
+
+def test_the_readmes_rebase_on_a_fresh_box_sets_up_its_workdir_and_finishes(tmp_path):
+    """Issue 52: `rebase --onto 0.5.10.post1` with no workdir yet advised `apply --line 0.5.10.post1`, which
+    is refused (no such line until the rebase makes it): a loop. Now the rebase builds the primary series
+    in the line's own workdir first (nothing installed) and goes on."""
+    project = copy_project(tmp_path / "project")
+    home = tmp_path / "home"
+    home.mkdir()
+    env = {k: v for k, v in os.environ.items() if k != "SGLANG_FORK_DIR"}
+    res = sglpatch("rebase", "--onto", "0.5.10.post1", "--project", str(project), "--source", "sdist", env=dict(env, HOME=str(home)))
+    wd = home / "sglang-fork-0.5.10.post1"
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert f"sglpatch: rebase: {wd} is not set up yet: building the primary series there first (installs nothing)" in res.stderr
+    assert (project / "lines" / "0.5.10.post1" / "series").is_file() and not (home / "sglang-fork").exists()
+    assert f"{wd} holds it; install it with `sglpatch apply --line 0.5.10.post1 --workdir {wd} --python PYTHON`" in res.stdout

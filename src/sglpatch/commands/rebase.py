@@ -76,6 +76,12 @@ def _go(args) -> int:
                             "patches there", exitcodes.USAGE)
     wd = _workdir(args)
     print(f"sglpatch: rebase: {ctx.named()}, workdir {wd}", file=sys.stderr, flush=True)
+    if not wd.exists() or (wd.is_dir() and not any(wd.iterdir())):  # a fresh box: the rebase starts from the primary series
+        from sglpatch.stack import build
+
+        print(f"sglpatch: rebase: {wd} is not set up yet: building the primary series there first (installs nothing)",
+              file=sys.stderr, flush=True)
+        build.apply(ctx.project, wd, source=ctx.source(args.source, args.upstream_url))
     lines = session.start(ctx.project, wd, args.onto, source=_source(ctx, args), commit=args.commit, url=args.upstream_url,
                          promote=args.promote)
     print("\n".join(lines))
