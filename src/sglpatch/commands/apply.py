@@ -17,7 +17,7 @@ NAME = "apply"
 HELP = "build branch patched in the workdir from upstream.lock + series, and install it"
 FLASHINFER_HELP = ("also install the flashinfer set of deps/flashinfer.toml for P1 and P5 (into --python, or into --venv's plan), "
                    "then pip check; into --python it then builds the JIT kernels that include flashinfer headers for sm_120 "
-                   "(compile only); the JIT needs nvcc >= 12.8 on CUDA_HOME")
+                   "(compile and link only); the JIT needs nvcc >= 12.8 on CUDA_HOME")
 VENV_HELP = ("build a NEW venv in DIR (must not exist or be empty) from --python with the release's full pinned dependency set "
              "(resolved by uv or pip) plus the patched tree, after a preflight (driver, Python wheels, disk, nvcc for P1); "
              "no other venv is touched; the tree goes to its own workdir (default: the usual one with -VERSION appended)")
@@ -41,6 +41,8 @@ def register(p) -> None:
     inst.add_argument("--other-release", action="store_true", help="install into a --python that serves another SGLang release "
                       "(its dependencies stay that release's); refused without it: use --venv NEWDIR for a complete venv")
     inst.add_argument("--with-flashinfer", action="store_true", help=FLASHINFER_HELP)
+    inst.add_argument("--recheck-jit", action="store_true", help="with --with-flashinfer: build the JIT kernels again, not the "
+                      "verdict kept for this tree, flashinfer, nvcc and arch (also SGLPATCH_RECHECK_JIT=1)")
     inst.add_argument("--dry-run", action="store_true", help="with --venv: print the preflight verdict and the resolved plan; with "
                       "--with-flashinfer: print the flashinfer plan; change nothing")
     venv = p.add_argument_group("a new venv")
@@ -66,6 +68,8 @@ def run(args) -> int:
         raise SglpatchError("--venv DIR installs into a new venv; --no-install contradicts it", exitcodes.USAGE)
     if args.with_flashinfer and args.no_install:
         raise SglpatchError("--with-flashinfer installs flashinfer into the Python; --no-install contradicts it", exitcodes.USAGE)
+    if args.recheck_jit and not args.with_flashinfer:
+        raise SglpatchError("--recheck-jit goes with --with-flashinfer (the JIT check runs after the set is installed)", exitcodes.USAGE)
     install.check_target(args.python, installs=not (args.venv or args.no_install))  # before any work
     ctx = cliargs.ctx(args)
     line, project, workdir = ctx.line, ctx.project, ctx.workdir
@@ -117,7 +121,7 @@ def run(args) -> int:
         for p in patches:
             print(f"  {p}")
         if args.with_flashinfer and (prep or not args.no_install):  # the new venv's set too (--venv)
-            _jit_check(str(prep.python) if prep else ctx.python, workdir, new_venv=prep is not None)
+            _jit_check(str(prep.python) if prep else ctx.python, workdir, new_venv=prep is not None, recheck=args.recheck_jit)
         return 0
     except OSError as e:
         raise cliargs.os_error(e) from None
@@ -151,15 +155,16 @@ def _install(args, ctx, workdir, prep, fs, fplan) -> None:
         print("\n".join(install.report(py, workdir, lock.version, ctx.opt)))
 
 
-def _jit_check(py: str, workdir, new_venv: bool = False) -> None:
+def _jit_check(py: str, workdir, new_venv: bool = False, recheck: bool = False) -> None:
     """The JIT kernels that include flashinfer's headers, built in py for the target (sglpatch.pythonenv.jit_kernels):
     a line when they build or cannot be checked here; a kernel that does not build is the error,
-    with the command that restores the flashinfer set this apply (or an earlier one) replaced."""
+    with the command that restores the flashinfer set this apply (or an earlier one) replaced. The
+    verdict kept for the same tree, flashinfer, nvcc and arch is given again unless recheck."""
     from sglpatch.pythonenv import flashinfer_set, jit_kernels
 
-    say(f"jit-kernels: building the JIT kernels that include flashinfer headers in {py} for {jit_kernels.sm(jit_kernels.ARCH)} "
-        "(compile only, no GPU; about 20 s each)")
-    v = jit_kernels.run(py)
+    v = jit_kernels.run(py, recheck=recheck, on_build=lambda: say(
+        f"jit-kernels: building the JIT kernels that include flashinfer headers in {py} for {jit_kernels.sm(jit_kernels.ARCH)} "
+        "(compile and link only, no GPU; about 20 s each)"))
     if v.state == "fail":
         back = f"none needed, the new venv {py} is all it touched (delete it)" if new_venv else flashinfer_set.recorded_way_back(workdir)
         raise SglpatchError(v.line(back or ""))

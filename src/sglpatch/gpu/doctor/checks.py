@@ -221,15 +221,21 @@ def check_nvcc(info: dict, rows: list, exe: str) -> Check:
     return c
 
 
-def check_jit(python: str, env: dict, arch: str, workdir: str | None, run: bool = True) -> Check:
+def check_jit(python: str, env: dict, arch: str, workdir: str | None, run: bool = True, recheck: bool = False,
+              gpus: bool = True) -> Check:
     """The JIT kernels of the served sglang that include flashinfer's headers, built for the target's
-    arch in the serving interpreter (sglpatch.pythonenv.jit_kernels, compile only); a failure's fix is the command
-    that restores the flashinfer set `--with-flashinfer` replaced (recorded in the workdir)."""
+    arch in the serving interpreter (sglpatch.pythonenv.jit_kernels, compile and link only; the verdict kept for
+    the same tree, flashinfer, nvcc and arch unless recheck); a failure's fix is the command that
+    restores the flashinfer set `--with-flashinfer` replaced (recorded in the workdir). Not run where
+    the doctor exits 125 anyway (gpus False: no GPU visible, none held)."""
     if not run:
         return Check("jit-kernels", "skip", "not run (--no-jit)")
-    v = jit_kernels.run(python, arch, env)
+    if not gpus:
+        return Check("jit-kernels", "skip", "not run: no GPU visible here, the doctor exits 125 anyway; "
+                     "`python -m sglpatch.pythonenv.jit_kernels` checks the build alone")
+    v = jit_kernels.run(python, arch, env, recheck=recheck)
     if v.state != "fail":
-        return Check("jit-kernels", v.state, v.text)
+        return Check("jit-kernels", v.state, v.text, v.fix)
     from sglpatch.gpu.shared.series_side import flashinfer_way_back
 
     back = flashinfer_way_back(Path(workdir)) if workdir else None

@@ -6,7 +6,8 @@ Checks, in order (`procs`, `checks`, `gpu` beside this file):
   1. gpu-procs   every process holding /dev/nvidia*; stale SGLang / torch workers fail (--kill-stale ends them)
   2. sglang, torch, flashinfer, sgl-kernel, env, env-traps: the serving interpreter, run in a child
   3. driver, nvcc, jit-kernels (the served sglang's JIT kernels that include flashinfer headers, built
-     for the profile's [target] cuda_arch, default 12.0: compile only), shm, memlock, build-jobs
+     for the profile's [target] cuda_arch, default 12.0: compile and link only; the verdict kept for the same tree,
+     flashinfer, nvcc and arch unless --recheck-jit; not built where no GPU is visible), shm, memlock, build-jobs
   4. topology, p2p-matrix, p2p-copy (a real copy per pair, each under a deadline), allreduce
   5. gpu-memory  free memory per GPU against the profile's [model] weights_gib / tp + margin
 
@@ -59,6 +60,7 @@ class Box:
     p2p_start_timeout: float = 180.0
     p2p: bool = True
     jit: bool = True  # build the JIT kernels that include flashinfer headers (sglpatch.pythonenv.jit_kernels)
+    recheck_jit: bool = False  # build them again, not the verdict kept (sglpatch.pythonenv.jit_cache)
     reapers: frozenset = dp.REAPER_PIDS  # the PIDs that adopt orphans (a subreaper's too, where one runs)
 
     def smi(self) -> str | None:
@@ -145,8 +147,9 @@ def run_doctor(python: str, prof: dict, project: Path, box: Box | None = None, e
     add(dc.check_sglang(served), dc.check_torch(info, bool(rows)), *dc.check_kernels(info, served),
         dc.check_env(info, env, prof.get("env") or {}), dc.check_traps(info.get("env") or env, launch_args, klass))
     arch = str((prof.get("target") or {}).get("cuda_arch") or jit_kernels.ARCH)
+    held = any(c.name == "gpu-procs" and c.state == "fail" for c in checks)  # the exit-status rule below: 125 without either
     add(dc.check_driver(info, rows, exe), dc.check_nvcc(info, rows, exe),
-        dc.check_jit(python, env, arch, served.get("workdir"), box.jit), dc.check_shm(box.shm),
+        dc.check_jit(python, env, arch, served.get("workdir"), box.jit, box.recheck_jit, gpus=bool(rows) or held), dc.check_shm(box.shm),
         dc.check_memlock(info), dc.check_build_jobs(info, dc.meminfo(box.proc_root)))
     add(*dg.check_topology(topo, raw))
     res, why = None, ""
@@ -174,7 +177,6 @@ def run_doctor(python: str, prof: dict, project: Path, box: Box | None = None, e
     fails = [c for c in checks if c.state == "fail"]
     # no GPU: the GPU checks could not run, so 125 (not 1 for a Python that lacks what a GPU box has),
     # unless stale workers hold a device here (those fail wherever nvidia-smi is missing)
-    held = any(c.name == "gpu-procs" and c.state == "fail" for c in checks)
     code = EXIT_FAIL if fails and (rows or held) else (EXIT_OK if rows else EXIT_CANNOT_RUN)
     status = {EXIT_OK: "ok", EXIT_FAIL: "fail", EXIT_CANNOT_RUN: "cannot_run"}[code]
     counts = {s: sum(1 for c in checks if c.state == s) for s in dc.STATES}
@@ -224,7 +226,7 @@ def run_args(args: argparse.Namespace) -> int:
         raise SglpatchError(f"--kernel-report {args.kernel_report}: no report.json there", exit_code=exitcodes.USAGE)
     box = Box(nvidia_smi=args.nvidia_smi, proc_root=Path(args.proc_root), dev_glob=args.dev_glob, shm=Path(args.shm),
               p2p_probe=Path(args.p2p_probe) if args.p2p_probe else dg.P2P_PROBE, p2p_timeout=args.p2p_timeout,
-              p2p=not args.no_p2p, jit=not args.no_jit,
+              p2p=not args.no_p2p, jit=not args.no_jit, recheck_jit=args.recheck_jit,
               reapers=frozenset(int(x) for x in args.reapers.split(",") if x.strip().isdigit()))
     doc = run_doctor(serving_python(prof, args.python), prof, proj, box, kill_stale=args.kill_stale, yes=args.yes,
                      kernel_report=Path(args.kernel_report) if args.kernel_report else None)
