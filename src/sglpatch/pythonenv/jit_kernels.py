@@ -200,7 +200,7 @@ def toolkit_root(nvcc: str) -> str | None:
     """The CUDA toolkit nvcc runs from (nvcc's own _HERE_, where a wrapper script leads; else the folder
     above where nvcc really is), when its lib64 holds the runtime library; None otherwise."""
     try:
-        p = subprocess.run([nvcc, "--dryrun", "-x", "cu", "-E", os.devnull], capture_output=True, text=True, timeout=60)
+        p = subprocess.run([nvcc, "--dryrun", "-x", "cu", "-E", os.devnull], capture_output=True, text=True, errors="replace", timeout=60)
         here = re.search(r"^#\$ _HERE_=(.+)$", p.stdout + p.stderr, re.M)
     except (OSError, subprocess.SubprocessError):
         here = None
@@ -231,7 +231,7 @@ def run(python: str, arch: str = ARCH, env: dict | None = None, timeout: float =
         if root:
             env["CUDA_HOME"], nvcc = root, str(Path(root) / "bin" / "nvcc")
     try:
-        ver = re.search(r"release (\d+\.\d+)", subprocess.run([nvcc, "--version"], capture_output=True, text=True,
+        ver = re.search(r"release (\d+\.\d+)", subprocess.run([nvcc, "--version"], capture_output=True, text=True, errors="replace",
                                                               timeout=60).stdout)
     except (OSError, subprocess.SubprocessError):
         ver = None
@@ -254,7 +254,7 @@ def _build(python: str, arch: str, env: dict, timeout: float, nvcc: str, release
         env.update(TVM_FFI_CUDA_ARCH_LIST=arch, TVM_FFI_CACHE_DIR=tmp, CUDA_VISIBLE_DEVICES="")
         try:
             p = subprocess.run([python, "-c", CHILD.format(file=os.path.abspath(__file__))], env=env, capture_output=True,
-                               text=True, timeout=timeout, stdin=subprocess.DEVNULL, cwd=tmp)
+                               text=True, errors="replace", timeout=timeout, stdin=subprocess.DEVNULL, cwd=tmp)
         except (OSError, subprocess.SubprocessError) as e:
             return Verdict("skip", f"not checked: cannot run {python}: {e}")
     got = next((ln[8:] for ln in reversed(p.stdout.splitlines()) if ln.startswith("JITCHECK")), None)

@@ -61,7 +61,7 @@ def gpus(exe: str | None = None) -> tuple[list[tuple[str, str]], str]:
         return [], ""
     try:
         proc = subprocess.run(
-            [exe, "--query-gpu=driver_version,compute_cap", "--format=csv,noheader"], capture_output=True, text=True, timeout=60
+            [exe, "--query-gpu=driver_version,compute_cap", "--format=csv,noheader"], capture_output=True, text=True, errors="replace", timeout=60
         )
     except (OSError, subprocess.TimeoutExpired) as e:
         return [], f"{exe} failed: {e}"
@@ -185,7 +185,7 @@ def check_nvcc(p1: bool) -> Check:
 def nvcc_version(nvcc: str) -> tuple[int, int] | None:
     """(major, minor) from `nvcc --version` ("release 12.10" is (12, 10), above (12, 8))."""
     try:
-        out = subprocess.run([nvcc, "--version"], capture_output=True, text=True, timeout=60).stdout
+        out = subprocess.run([nvcc, "--version"], capture_output=True, text=True, errors="replace", timeout=60).stdout
     except (OSError, subprocess.TimeoutExpired) as e:
         out = str(e)
     m = re.search(r"release (\d+)\.(\d+)", out)

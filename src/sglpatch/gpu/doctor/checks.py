@@ -53,7 +53,7 @@ def from_preflight(c: preflight.Check, fail_state: str = "fail") -> Check:
 def probe_python(python: str, env: dict, timeout: float = 300.0) -> dict:
     """What the serving interpreter sees (probe.py's JSON), or {"error": ...}."""
     try:
-        p = subprocess.run([python, str(PROBE)], env=env, capture_output=True, text=True, timeout=timeout,
+        p = subprocess.run([python, str(PROBE)], env=env, capture_output=True, text=True, errors="replace", timeout=timeout,
                            stdin=subprocess.DEVNULL)
     except (OSError, subprocess.SubprocessError) as e:
         return {"error": f"cannot run {python}: {e}"}

@@ -55,7 +55,7 @@ def query_memory(nvidia_smi: str | None, timeout: float = 30.0) -> list[dict]:
         return []
     try:
         r = subprocess.run([nvidia_smi, "--query-gpu=index,name,memory.total,memory.used,memory.free",
-                            "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=timeout)
+                            "--format=csv,noheader,nounits"], capture_output=True, text=True, errors="replace", timeout=timeout)
     except (OSError, subprocess.SubprocessError):
         return []
     rows = []

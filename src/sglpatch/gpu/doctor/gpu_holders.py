@@ -137,7 +137,7 @@ def compute_apps(nvidia_smi: str | None, timeout: float = 30.0) -> tuple[dict[in
         return {}, "no nvidia-smi"
     try:
         r = subprocess.run([nvidia_smi, "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
-                           capture_output=True, text=True, timeout=timeout)
+                           capture_output=True, text=True, errors="replace", timeout=timeout)
     except (OSError, subprocess.SubprocessError) as e:
         return {}, f"{nvidia_smi} failed: {e}"
     if r.returncode != 0:

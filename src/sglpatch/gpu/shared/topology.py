@@ -153,7 +153,7 @@ def classify(topo: Topology) -> tuple[str, str]:
 
 def _run(cmd: list[str], timeout: float) -> str | None:
     try:
-        r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        r = subprocess.run(cmd, capture_output=True, text=True, errors="replace", timeout=timeout)
     except (OSError, subprocess.SubprocessError):
         return None
     return r.stdout if r.returncode == 0 else None
