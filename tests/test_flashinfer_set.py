@@ -94,7 +94,12 @@ def test_into_the_serving_python_one_set_pip_check_clean_idempotent_and_the_way_
     inst = f"uv pip install --python {py}" if installer == "uv" else f"{py} -m pip install --disable-pip-version-check"
     inst = inst.replace("uv ", f"{flashinfer_set.find_uv()} ", 1)
     lines = flashinfer_set.install_into(py, fs, installer)
-    back = f"{inst} flashinfer-python==0.6.3 nvidia-cutlass-dsl==4.3.4 flashinfer-cubin==0.6.3 quack-kernels==0.2.4"
+    back = lines[0].split("; the way back: ")[1]
+    # the way back (issue 52): exactly the recorded versions, --no-deps, with the user's pip configuration, quoted
+    words = shlex.split(back)
+    assert words[:len(inst.split())] == inst.split() and words[-5:] == [
+        "--no-deps", "flashinfer-python==0.6.3", "nvidia-cutlass-dsl==4.3.4", "flashinfer-cubin==0.6.3", "quack-kernels==0.2.4"]
+    assert ("--find-links" in words and "--no-index" in words) == (installer == "uv")  # pip reads its own
     assert lines == [f"flashinfer: {py} now has flashinfer-python 0.7.2, nvidia-cutlass-dsl 4.6.2; removed flashinfer-cubin, "
                      f"quack-kernels; the way back: {back}", "pip check: no conflict with the flashinfer set (clean)"]
     assert has(py) == {"flashinfer-python": "0.7.2", "nvidia-cutlass-dsl": "4.6.2", "cuda-tile": "1.4.0"}

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,7 +34,7 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
 from sglpatch.pythonenv import pip_config as pipconf
-from sglpatch import toml
+from sglpatch import redact, toml
 from sglpatch.errors import SglpatchError, say
 from sglpatch.pythonenv.interpreter import find_uv, installed_distributions
 from sglpatch.pythonenv.interpreter import norm_name as norm
@@ -274,12 +275,14 @@ def record_way_back(workdir: Path, command: str) -> None:
 
 
 def recorded_way_back(workdir: Path) -> str | None:
-    """The command record_way_back kept in workdir, or None (nothing replaced yet, not a workdir)."""
+    """The command record_way_back kept in workdir, as it is shown (index credentials masked), or None
+    (nothing replaced yet, not a workdir). The workdir's git config holds it as it runs."""
     from sglpatch.gitcmd import Git
     from sglpatch.workdir import FLASHINFER_BACK_KEY
 
     workdir = Path(workdir).expanduser()
-    return Git(workdir).config_get(FLASHINFER_BACK_KEY) if (workdir / ".git").is_dir() else None
+    kept = Git(workdir).config_get(FLASHINFER_BACK_KEY) if (workdir / ".git").is_dir() else None
+    return redact.url(kept) if kept else kept
 
 
 def install_into(python: str, fs: FlashinferSet, installer: str = "auto", dry_run: bool = False,
@@ -292,7 +295,7 @@ def install_into(python: str, fs: FlashinferSet, installer: str = "auto", dry_ru
     now = ", ".join(f"{n} {have[n]}" for n in (PACKAGE, *fs.override, *fs.remove) if n in have) or "none of its packages"
     say(f"flashinfer: {python} has {now}; deps/flashinfer.toml wants {' '.join(fs.requirements)}"
         + (f" without {', '.join(fs.remove)}" if fs.remove else "") + (f" ({fs.why})" if fs.why else ""))
-    uv, inst, uninst, _ = _cmds(python, installer)
+    uv, _, uninst, _ = _cmds(python, installer)
     if t.nothing:
         return [f"flashinfer: {python} already has flashinfer-python {fs.version} and the set; nothing to change",
                 verdict(python, fs, installer)]
@@ -301,25 +304,27 @@ def install_into(python: str, fs: FlashinferSet, installer: str = "auto", dry_ru
         return [f"flashinfer (dry run): would install {' '.join(t.install) or 'nothing'}"
                 + (f", then remove {', '.join(f'{n} {have[n]}' for n in t.remove)}" if t.remove else "")
                 + f" in {python} (the plan above); the way back: {t.rollback or '(nothing installed before)'}"]
-    say(f"flashinfer: the way back, should you need it: {' '.join(inst)} {t.rollback}" if t.rollback else
+    # the way back: exactly the recorded versions (--no-deps), from the user's own index (uv is handed pip's
+    # configuration), quoted; recorded as it runs, shown with any index credentials masked
+    back = shlex.join(pipconf.install_cmd(python, uv, t.rollback.split())) if t.rollback else ""
+    say(f"flashinfer: the way back, should you need it: {redact.url(back)}" if back else
         "flashinfer: none of the set was installed before")
     if plan.items:  # exactly the plan, with the user's pip configuration whichever installer runs
         cmd = pipconf.install_cmd(python, uv, plan.pins, fs.index)
-        say(f"flashinfer: installing: {' '.join(cmd)}")
+        say(f"flashinfer: installing: {redact.shown(cmd)}")
         proc = subprocess.run(cmd, cwd="/")
         if proc.returncode != 0:
             raise SglpatchError(f"flashinfer: installing {' '.join(t.install)} into {python} failed (exit {proc.returncode}, see above); "
                                 "nothing was removed")
-    if record and t.rollback:
-        record(f"{' '.join(inst)} {t.rollback}")
+    if record and back:
+        record(back)
     for name in t.remove:
         say(f"flashinfer: removing {name} {have[name]} ({fs.remove[name]})")
         if subprocess.run([*uninst, name], cwd="/").returncode != 0:
-            raise SglpatchError(f"flashinfer: removing {name} from {python} failed (see above); the way back: {' '.join(inst)} {t.rollback}")
+            raise SglpatchError(f"flashinfer: removing {name} from {python} failed (see above); the way back: {redact.url(back)}")
     now = installed(python)
-    back = f"{' '.join(inst)} {t.rollback}" if t.rollback else ""
     line = f"flashinfer: {python} now has flashinfer-python {now.get(PACKAGE, '(none)')}"
     line += "".join(f", {n} {now[n]}" for n in fs.override if n in now)
-    line += (f"; removed {', '.join(t.remove)}" if t.remove else "") + (f"; the way back: {back}" if back else "")
-    return [line, verdict(python, fs, installer, back)]
+    line += (f"; removed {', '.join(t.remove)}" if t.remove else "") + (f"; the way back: {redact.url(back)}" if back else "")
+    return [line, verdict(python, fs, installer, redact.url(back))]
 
