@@ -320,18 +320,18 @@ def test_rebase_onto_a_release_that_does_not_exist_names_the_nearest(tool, home,
     assert errors == [f"sglpatch: error: sglang 0.5.99 is not a release on the index; the nearest: {', '.join(below + above)}{newest}"]
 
 
-# ----------------------------------------------------------------------------- 8: README "Move the server" (issue 27)
+# ----------------------------------------------------------------------------- 8: "Move the server" (issue 27; docs/rebase.md since issue 51)
 
 
 def _readme_move_block() -> list[str]:
-    text = (ROOT / "README.md").read_text()
+    text = (ROOT / "docs" / "rebase.md").read_text()  # moved there from the README (issue 51), the README links it
     part = text.split("**Move the server to a new release**", 1)[1]
     block = part.split("\n\n    ", 1)[1].split("\n\n", 1)[0]
     return [ln.split("#", 1)[0].split() for ln in ("    " + block).splitlines()]
 
 
 def test_readme_move_the_server_is_the_watch_then_one_command(tool, home, tmp_path):
-    """The README's move to 0.5.23, typed in a fresh shell: the watch names the line and its command,
+    """The documented move to 0.5.23 (docs/rebase.md), typed in a fresh shell: the watch names the line and its command,
     then `scripts/apply.sh --line 0.5.23 --venv ~/ml-env-0.5.23 --dry-run` plans the new venv from
     lines/0.5.23/ (the real wheel's pins, resolved on the real index). The watch is limited to
     0.5.23 (the whole matrix fetches 206 MB); the checkout's files stay as they are."""
