@@ -29,7 +29,7 @@ from sglpatch.rebase.merge import commit_like
 from sglpatch.rebase.resolutions import Recorded, read_resolutions, write_resolutions
 from sglpatch.rebase.classify import run_steps
 from sglpatch.rebase.plan import in_sync_stack, prepare
-from sglpatch.rebase import finish_report, state
+from sglpatch.rebase import claim, finish_report, state
 
 
 # --------------------------------------------------------------------------------------
@@ -252,22 +252,32 @@ def abort(workdir: Path, here: Path | None = None) -> list[str]:
             state.load(git)  # says why there is nothing to abort
         orig, project = state.load_orig(git)  # also when state.json is damaged
         state.check_abortable(git, project, here)  # before anything moves
-        state.mark_abort(git)  # from here on, the next command finishes this abort (never continues)
-        crashpoint("rebase:abort:marked")
-        # files first (HEAD may be detached at the new stack), then refs, then HEAD
-        git.run("reset", "-q", "--hard", orig["head"])
-        crashpoint("rebase:abort:reset")
-        git.update_ref(f"refs/heads/{UPSTREAM_BRANCH}", orig["upstream"], message="sglpatch rebase --abort")
-        git.update_ref(f"refs/heads/{PATCHED_BRANCH}", orig["patched"], message="sglpatch rebase --abort")
-        if orig.get("branch"):
-            git.run("symbolic-ref", "HEAD", f"refs/heads/{orig['branch']}")
-        git.run("reset", "-q", "--hard", orig["head"])
-        if orig.get("applied"):
-            git.config_set(APPLIED_KEY, orig["applied"])
-        for ref in ("onto", "head"):
-            git.run("update-ref", "-d", f"{REBASE_REF_PREFIX}/{ref}", check=False)
-        kept = state.restore(git, project)
-        shutil.rmtree(rebase_state_dir(git))
+        with claim.holding(project):
+            own = claim.check_abort(project, git)  # refused when another rebase claimed its line since
+            lines = _abort(git, orig, project)
+            if own:
+                claim.release(project, own)
+        return lines
+
+
+def _abort(git: Git, orig: dict, project: Path) -> list[str]:
+    """--abort's moves, once checked (under DIR's lock and the project's)."""
+    state.mark_abort(git)  # from here on, the next command finishes this abort (never continues)
+    crashpoint("rebase:abort:marked")
+    # files first (HEAD may be detached at the new stack), then refs, then HEAD
+    git.run("reset", "-q", "--hard", orig["head"])
+    crashpoint("rebase:abort:reset")
+    git.update_ref(f"refs/heads/{UPSTREAM_BRANCH}", orig["upstream"], message="sglpatch rebase --abort")
+    git.update_ref(f"refs/heads/{PATCHED_BRANCH}", orig["patched"], message="sglpatch rebase --abort")
+    if orig.get("branch"):
+        git.run("symbolic-ref", "HEAD", f"refs/heads/{orig['branch']}")
+    git.run("reset", "-q", "--hard", orig["head"])
+    if orig.get("applied"):
+        git.config_set(APPLIED_KEY, orig["applied"])
+    for ref in ("onto", "head"):
+        git.run("update-ref", "-d", f"{REBASE_REF_PREFIX}/{ref}", check=False)
+    kept = state.restore(git, project)
+    shutil.rmtree(rebase_state_dir(git))
     lines = [f"rebase aborted: {git.workdir} and {project} are back as they were"]
     if kept:
         lines.append(f"kept what you changed in {project} during the rebase (the rebase did not write it): " + ", ".join(kept))
@@ -280,8 +290,12 @@ def _finish(git: Git, plan: Plan) -> list[str]:
     write recorded in the journal that --abort undoes."""
     project_root = Path(plan.project)
     state.check_project(project_root, _project_dirs(plan, Lock.parse(plan.old_lock, "old lock"), Lock.parse(plan.new_lock, "target")))
-    with journal(state.journal_file(git), project_root):
-        return _finish_journaled(git, plan)
+    with claim.holding(project_root):  # one finishing step (or --abort) at a time in the project
+        own = claim.own_id(git) or claim.claim(project_root, git, plan.dest)  # a finish resumed keeps its claim
+        with journal(state.journal_file(git), project_root):
+            out = _finish_journaled(git, plan)
+        claim.release(project_root, own)
+    return out
 
 
 def _finish_journaled(git: Git, plan: Plan) -> list[str]:
