@@ -515,6 +515,30 @@ def test_regress_server_tier_runs_the_doctor_first_and_refuses_the_load(tmp_path
     assert launched.exists() and not (tmp_path / "r2" / "doctor.json").exists(), r.stdout + r.stderr
 
 
+def test_the_server_tier_with_no_gpu_cannot_start_and_launches_nothing(tmp_path):
+    """Issue 50 (found by the runbook's author): with no GPU visible the doctor says 125, but the gate
+    refused only failed checks, so the loads started, died with "No accelerator" and the tier said
+    fail (exit 1): a bisect would have marked patches bad. Now 125, nothing launched."""
+    proj = tmp_path / "proj"
+    (proj / "targets").mkdir(parents=True)
+    (proj / "tests").mkdir()
+    launched = tmp_path / "launched"
+    (proj / "targets" / "t.toml").write_text(textwrap.dedent(f"""
+        [server]
+        python = "{sys.executable}"
+        tp = 8
+        command = ["sh", "-c", "touch {launched}; exit 3"]
+        health_timeout_s = 5
+    """))
+    env = base_env({"PYTHONPATH": str(site(tmp_path / "site")), "PATH": f"{tmp_path / 'nobin'}:/usr/bin:/bin"})
+    r = subprocess.run([sys.executable, "-m", "sglpatch.gpu.regress", "--tier", "server", "--profile", "t", "--project", str(proj),
+                        "--report-dir", str(tmp_path / "r")], capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 125, r.stdout + r.stderr
+    assert r.stdout.startswith("tier server: cannot_run: the doctor finds no GPU here: the server tier cannot start"), r.stdout
+    assert not launched.exists()
+    assert json.loads((tmp_path / "r" / "report.json").read_text())["tiers"]["server"]["outcome"] == "cannot_start"
+
+
 def test_sglpatch_doctor_is_registered_with_its_options(tmp_path):
     import shutil
 

@@ -204,6 +204,13 @@ def gate_server(prof: dict, python: str, project: Path, report_dir: Path, env: d
     report_dir.mkdir(parents=True, exist_ok=True)
     (report_dir / "doctor.json").write_text(json.dumps(doc, indent=1, default=str) + "\n")
     fails = [c for c in doc["checks"] if c["state"] == "fail"]
+    if doc["exit_code"] == EXIT_CANNOT_RUN:  # no GPU visible: no load can start here (125, whatever else failed)
+        tr = TierResult("server")
+        tr.set_outcome("cannot_start")
+        tr.summary = "the doctor finds no GPU here: the server tier cannot start (doctor.json); no load was started"
+        tr.failures = [f"doctor: fail {c['name']}: {c['text']}" for c in fails]
+        tr.data["doctor"], tr.data["cannot_run"] = "doctor.json", tr.summary
+        return tr
     if not fails:
         return None
     tr = TierResult("server", status="cannot_run",
