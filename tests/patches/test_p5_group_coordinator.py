@@ -30,7 +30,7 @@ import pytest
 from forked_ranks import RANK_RUNNER
 
 CODE = r'''
-import __future__, ast, contextlib, datetime, importlib, importlib.metadata, json, logging, os, sys, tempfile, types
+import __future__, ast, contextlib, datetime, hashlib, importlib, importlib.metadata, json, logging, os, sys, tempfile, types
 import torch
 import torch.distributed as dist
 from torch.utils._pytree import tree_map
@@ -227,8 +227,8 @@ def cache_dir(ws=None, rows=(3, 6, 12, 18)):
     if ws:  # a tuned cache and the key it was made for
         path = os.path.join(d, f"sglang_pcie_ipc_ws{ws}.json")
         open(path, "w").write("{}")
-        json.dump({"world_size": ws, "hidden": H, "max_numel": rows[-1] * H, "buckets": list(rows), "flashinfer": FI_VERSION},
-                  open(path + ".key", "w"))
+        json.dump({"world_size": ws, "hidden": H, "max_numel": rows[-1] * H, "buckets": list(rows), "flashinfer": FI_VERSION,
+                   "cache_sha256": hashlib.sha256(b"{}").hexdigest()}, open(path + ".key", "w"))  # the key names its cache
     return d
 ON = lambda **kw: dict(SGLANG_ENABLE_PCIE_IPC_ALLREDUCE="1", FI_DIR=cache_dir(), **kw)
 EAGER = ["3", "6", "7", "12", "18", "19", "fp16", "fp32", "hidden4096", "strided", "1d"]

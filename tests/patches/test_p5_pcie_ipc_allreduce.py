@@ -12,6 +12,7 @@ queries. A blocker, or a width, on one rank turns it off on every rank, with no 
 
 from __future__ import annotations
 
+import hashlib
 import json
 
 import pytest
@@ -108,7 +109,29 @@ states["no_key"] = m.tune_cache_state(path, key)
 open(path + ".key", "w").write(json.dumps(dict(key, buckets=[3, 6, 12, 24])))
 states["other_buckets"] = m.tune_cache_state(path, key)
 open(path + ".key", "w").write(json.dumps(key))
+states["no_sha256"] = m.tune_cache_state(path, key)  # a key of the old form names no cache
+open(path + ".key", "w").write(m.tune_cache_key_text(path, key))
 states["match"] = m.tune_cache_state(path, key)
+out["key_text"] = json.loads(open(path + ".key").read())
+open(path, "w").write('{"tuned": "for another workspace"}')  # a step killed between its renames
+states["cache_replaced"] = m.tune_cache_state(path, key)
+def hung(*_):
+    raise TimeoutError("hung")
+signal.signal(signal.SIGALRM, hung)
+def state_of(make):  # the key as something else than a regular file: never hangs, never reads on
+    (os.rmdir if os.path.isdir(path + ".key") else os.unlink)(path + ".key")
+    make(path + ".key")
+    signal.alarm(10)
+    try:
+        return m.tune_cache_state(path, key)
+    except TimeoutError as e:
+        return str(e)
+    finally:
+        signal.alarm(0)
+states["key_fifo"] = state_of(os.mkfifo)
+states["key_dev_zero"] = state_of(lambda p: os.symlink("/dev/zero", p))
+states["key_folder"] = state_of(os.mkdir)
+states["key_large"] = state_of(lambda p: open(p, "w").write(" " * 5000 + m.tune_cache_key_text(path, key)))
 out["cache_state"] = states
 out["tune_cmd"] = [m.tune_command(8, 7168, (3, 6, 24), 24 * 7168), m.tune_command(4, 7168, (3, 10), 10 * 7168 + 8)]
 
@@ -223,6 +246,11 @@ out["cache_absent"] = run_case(-1, {"SGLANG_PCIE_IPC_TUNE": "cache"})
 out["tune"] = run_case(-1, {"SGLANG_PCIE_IPC_TUNE": "tune"})
 out["cache_match"] = run_case(-1, {"SGLANG_PCIE_IPC_TUNE": "cache"})
 out["cache_other_width"] = run_case(-1, {"SGLANG_PCIE_IPC_TUNE": "cache", "SGLANG_PCIE_IPC_MAX_NUMEL": str(25 * 7168)})
+served = m.tune_cache_path(WS)
+open(served, "w").write('{"tuned": "by another step"}')  # the key still names the tuned cache's bytes
+out["cache_replaced"] = run_case(-1, {"SGLANG_PCIE_IPC_TUNE": "cache"})
+os.unlink(served + ".key"); os.mkfifo(served + ".key")
+out["cache_key_fifo"] = run_case(-1, {"SGLANG_PCIE_IPC_TUNE": "cache"})
 out["rank0_unknown_tune"] = run_case(0, SGLANG_PCIE_IPC_TUNE="auto")
 print("RESULT" + json.dumps(out))
 """
@@ -295,6 +323,18 @@ def test_tune_cache_is_keyed_by_the_workspace(result):
     assert "has no readable" in s["no_key"] and s["no_key"].endswith(".key (FileNotFoundError)")
     assert "'buckets': [3, 6, 12, 24]" in s["other_buckets"] and "not {" in s["other_buckets"]
     assert "'buckets': [3, 6, 24]" in s["other_buckets"].split("not ", 1)[1]
+    # the key names its cache's bytes: a key of the old form, or a cache replaced under its key, is no match
+    assert result["key_text"] == dict(result["key"], cache_sha256=hashlib.sha256(b"{}").hexdigest())
+    assert s["no_sha256"].endswith("c.json.key names no cache (no cache_sha256); tune again")
+    assert s["cache_replaced"].endswith("c.json.key was written for another cache (sha256 differs: a tuning step was "
+                                        "interrupted or two ran at once); tune again")
+
+
+@pytest.mark.parametrize("case,why", [("key_fifo", "not a regular file"), ("key_dev_zero", "a symbolic link"),
+                                      ("key_folder", "not a regular file"), ("key_large", "over 4096 bytes")])
+def test_the_key_is_read_only_from_a_small_regular_file(result, case, why):
+    state = result["cache_state"][case]
+    assert state != "hung" and " has no readable " in state and state.endswith(f"c.json.key ({why})")
 
 
 def test_tuning_command_is_the_workspace_s_own(result):
@@ -307,8 +347,8 @@ def test_tuning_command_is_the_workspace_s_own(result):
 def test_tuning_step_refuses_with_one_line_before_any_gpu(result):
     t = result["tune_main"]
     assert t["tp3"] == [2, ["error: --tp 3: the kernels support (2, 4, 8)"]]
-    assert t["rows_bad"][0] == 2 and t["rows_bad"][1][0].startswith("error: --rows/--max-numel/--devices: invalid literal")
-    assert t["below_row"] == [2, ["error: --rows/--max-numel/--devices: SGLANG_PCIE_IPC_MAX_NUMEL=100 is below one "
+    assert t["rows_bad"] == [2, ["error: --rows 3,x: the captured rows are positive integers, a,b,c"]]
+    assert t["below_row"] == [2, ["error: --rows/--max-numel: SGLANG_PCIE_IPC_MAX_NUMEL=100 is below one "
                                    "row of 7168; unset it or set it to at least 7168"]]
     assert t["devices"] == [2, ["error: --devices names 2 GPUs for --tp 4"]]
     assert t["clocks"][0] == 2 and "--pin-clocks MHZ" in t["clocks"][1][0] and "--clocks-pinned" in t["clocks"][1][0]
@@ -417,6 +457,17 @@ def test_tune_cache_absent_tuned_matched_refused(result):
         w = _warnings(r)
         assert len(w) == 1 and f"'max_numel': {NUMEL}" in w[0] and f"'max_numel': {25 * 7168}" in w[0]
         assert "--rows 3,6,12,24,25 --max-numel 179200" not in w[0] and "--rows 3,6,12,24,25 " in w[0]
+
+
+@pytest.mark.parametrize("case,why", [
+    ("cache_replaced", "sglang_pcie_ipc_ws4.json.key was written for another cache (sha256 differs: "),
+    ("cache_key_fifo", "sglang_pcie_ipc_ws4.json.key (not a regular file)")])
+def test_a_key_that_does_not_name_its_cache_is_seed_with_one_warning(result, case, why):
+    for r in _ranks(result, case).values():  # a FIFO key: no rank hangs at start
+        assert r["tune_cache"] == "/dev/null" and not r["disabled"] and r["calls"][0][-1] == "/dev/null"
+        w = _warnings(r)
+        assert len(w) == 1 and w[0].startswith("PCIe-IPC allreduce: SGLANG_PCIE_IPC_TUNE=cache, but ") and why in w[0]
+        assert "running the seed configurations" in w[0]
 
 
 def test_an_unknown_tune_value_warns_once_and_is_seed(result):
