@@ -296,6 +296,7 @@ def test_parity_between_modes_and_with_an_earlier_report(serve, tmp_path):
     assert srv["parity"][0]["status"] == "not_run"
     assert srv["parity"][1]["status"] == "same" and srv["status"] == "pass", srv["failures"]
     assert res["exit_code"] == 0
+    assert "; parity same; parity not run: " in srv["summary"] and "FAILED" not in srv["summary"], srv["summary"]
 
 
 # ----------------------------------------------------------------------------- launch failures (no benchmark)

@@ -359,7 +359,11 @@ def tier_summary(results: list[dict], parity: list[dict]) -> str:
     """One line: each mode's single-stream tok/s, then the parity verdict."""
     summary = "; ".join(f"{m['mode']}: {fmt((m.get('benchmark') or {}).get('single_stream_tok_s'))} tok/s"
                         + ("" if m.get("status") == "ok" else " (failed)") for m in results)
-    bad = [p["name"] for p in parity if p["status"] != "same"]
-    if parity:
+    bad = [p["name"] for p in parity if p["status"] in ("differ", "fail")]
+    unrun = [p["name"] for p in parity if p["status"] == "not_run"]  # its modes were not selected: no verdict, not a failure
+    ran = len(parity) - len(unrun)
+    if ran:
         summary += "; parity " + (f"FAILED: {', '.join(bad)}" if bad else "same")
+    if unrun:
+        summary += f"; parity not run: {', '.join(unrun)}"
     return summary
