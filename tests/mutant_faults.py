@@ -350,6 +350,6 @@ MUTANTS: dict[str, list[Mutant]] = {
                "gpu/doctor/run.py", [('    arch = str((prof.get("target") or {}).get("cuda_arch") or jit_kernels.ARCH)\n',
                                       "    arch = jit_kernels.ARCH\n")], [JIT]),
         Mutant("fiset-way-back-unrecorded", "flashinfer set", "verdict", "the way back is not recorded in the workdir: the JIT failure cannot name it",
-               "pythonenv/flashinfer_set.py", [("    if record and t.rollback:\n", "    if False:\n")], [JIT]),
+               "pythonenv/flashinfer_set.py", [("    if record and back:\n", "    if False:\n")], [JIT]),
     ],
 }

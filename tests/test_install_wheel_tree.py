@@ -94,14 +94,14 @@ def test_wheel_sourced_tree_installs_editable_with_the_wheels_metadata(line_0523
 
 
 def test_the_fix_a_not_set_up_refusal_names_works_as_typed(tmp_path):
-    """`rebase` on a workdir that is not set up names one command; typed as shown (from the tool's
-    own Python, which apply refuses to install into) it sets the workdir up, and the rebase then
-    gets past that refusal."""
+    """`export` on a workdir that is not set up names one command; typed as shown (from the tool's
+    own Python, which apply refuses to install into) it sets the workdir up, and the command then
+    gets past that refusal. (A new rebase sets its workdir up itself: tests/test_rebase.py.)"""
     import re
     import shlex
 
     wd = tmp_path / "fresh"
-    res = sglpatch("rebase", "--workdir", str(wd), "--onto", "0.5.10.post1")
+    res = sglpatch("export", "--workdir", str(wd))
     assert res.returncode == 1 and not wd.exists(), res.stderr
     cmd = re.search(r"run `(sglpatch apply [^`]+)` first", res.stderr).group(1)
     assert cmd == f"sglpatch apply --workdir {wd} --no-install"

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -103,9 +104,18 @@ def applied(box):
         py = serving(box, f"serving-{name}", wd)
         res = sglpatch("apply", "--project", str(project), "--workdir", str(wd), "--source", "sdist", "--python", py,
                        "--with-flashinfer", env=dict(box["env"], **TOOL), timeout=900)
-        out[name] = {"py": py, "wd": wd, "project": project, "res": res, "env": dict(box["env"], **TOOL),
-                     "back": f"{flashinfer_set.find_uv()} pip install --python {py} quack-kernels==0.2.4"}
+        back = git(wd, "config", "--local", "sglpatch.flashinfer-way-back") if (wd / ".git").is_dir() else ""
+        out[name] = {"py": py, "wd": wd, "project": project, "res": res, "env": dict(box["env"], **TOOL), "back": back}
     return out
+
+
+def test_the_recorded_way_back_is_exactly_the_old_versions_from_the_users_index(applied, box):
+    """Issue 52: uv's way back had none of the pip configuration the install was given and no
+    --no-deps; it is now the install's own command for the versions it replaced, quoted."""
+    a = applied["series"]
+    words = shlex.split(a["back"])
+    assert words[:5] == [flashinfer_set.find_uv(), "pip", "install", "--python", a["py"]], words
+    assert words[-2:] == ["--no-deps", "quack-kernels==0.2.4"] and "--find-links" in words, words
 
 
 def test_apply_with_flashinfer_builds_the_jit_kernels_of_the_series(applied):
@@ -144,7 +154,7 @@ def test_apply_with_flashinfer_fails_in_one_line_without_p6_naming_kernel_cause_
     assert alone.returncode == 2 and alone.stderr.strip().splitlines() == [
         "sglpatch: error: --recheck-jit goes with --with-flashinfer (the JIT check runs after the set is installed)"], alone.stderr
     # the way back it names puts the old set back
-    subprocess.run(a["back"].split(), check=True, capture_output=True, env=box["env"])
+    subprocess.run(shlex.split(a["back"]), check=True, capture_output=True, env=box["env"])
     assert flashinfer_set.installed(a["py"]).get("quack-kernels") == "0.2.4"
 
 
