@@ -12,7 +12,7 @@ ERROR = 1  # an error (a one-line reason on stderr); a regression; a bisect left
 USAGE = 2  # a wrong or missing option or value, no project here, an unknown profile, --python not a Python
 HUMAN = 3  # a human is needed: a conflict without a recorded resolution
 CANNOT_RUN = 125  # this machine cannot run it (no GPU or driver, no torch, no Python with sglang): git bisect run skips
-INTERRUPTED = 130  # Ctrl-C
+INTERRUPTED = 130  # Ctrl-C, or SIGTERM (kill PID)
 
 TABLE: tuple[tuple[int, str], ...] = (
     (OK, "done; passed; a dry run or watch finds nothing for a human (unattended work included)"),
@@ -20,7 +20,7 @@ TABLE: tuple[tuple[int, str], ...] = (
     (USAGE, "usage: a wrong or missing option, no project here, unknown profile, bad --python"),
     (HUMAN, "a human is needed: a conflict without a recorded resolution (rebase stops, resumable)"),
     (CANNOT_RUN, "cannot run here: no GPU or driver (also when other checks fail), no torch, no Python with sglang (git bisect run skips)"),
-    (INTERRUPTED, "interrupted (Ctrl-C)"),
+    (INTERRUPTED, "interrupted (Ctrl-C) or terminated (kill PID): what it started is stopped first"),
 )
 
 
