@@ -5,17 +5,21 @@
 # (it must fail with one line and write nothing) and once to the end; then the probe at WS 8 with
 # SGLANG_PCIE_IPC_TUNE=cache reading what the step wrote. Kit: results/p5-mps-h200/prepare.sh.
 #   bash tests/gpu/p5_edges/run_edges.sh build/p5mps OUTDIR [WS ...]     (default: 8 2 4 6)
+# OUTDIR ends with two files (the device brings back 8): edges.tar.gz, every file the run wrote
+# (env.txt, all.log, ws*.json, tune*.out/.err/-report.json, cache*.json), and summary.txt (the exit
+# code, then env.txt). P5_SITE, P5_TREE move the unpacked kit (default /tmp/p5site, /tmp/p5tree),
+# P5_TUNE_DIR the tuning step's cache folder (default /tmp/p5tune-PID).
 set -uo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 KIT=$(cd "${1:?kit dir (build/p5mps)}" && pwd); O=$(mkdir -p "${2:?outdir}" && cd "$2" && pwd); shift 2
 WSS=${*:-8 2 4 6}
-S=/tmp/p5site; T=/tmp/p5tree
+S=${P5_SITE:-/tmp/p5site}; T=${P5_TREE:-/tmp/p5tree}
 if [ ! -d $T/p5kit ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target $S "$KIT"/whl/*.whl || exit 125
   mkdir -p $T && tar xJf "$KIT/sglang-059-patched.tar.xz" -C $T && tar xJf "$KIT/flashinfer-0.7.2-kit.tar.xz" -C $T || exit 125
 fi
 export PYTHONPATH=$S SGLANG_TREE=$T FLASHINFER_KIT=$T/p5kit PYTHONUNBUFFERED=1
-export FLASHINFER_AUTOTUNE_DIR=/tmp/p5tune-$$
+export FLASHINFER_AUTOTUNE_DIR=${P5_TUNE_DIR:-/tmp/p5tune-$$}
 { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; nvcc --version | tail -2
   python3 -c 'import sys, torch; print(sys.version.split()[0], torch.__version__, torch.version.cuda)'
   (cd $T/python && sha256sum sglang/srt/distributed/parallel_state.py \
@@ -57,4 +61,11 @@ probe cache$TW $TW --mode cache
 if [ $started = 1 ]; then
   echo get_server_list | nvidia-cuda-mps-control >> "$O/env.txt" 2>&1; echo quit | nvidia-cuda-mps-control
 fi
+pack() {  # pack OUTDIR RC: every file in OUTDIR into OUTDIR/edges.tar.gz (removed after), OUTDIR/summary.txt
+  local o=$1 files
+  files=$(cd "$o" && find . -maxdepth 1 -type f ! -name edges.tar.gz ! -name summary.txt -printf '%P\n' | sort)
+  [ -n "$files" ] && (cd "$o" && printf '%s\n' "$files" | tar czf edges.tar.gz -T - && printf '%s\n' "$files" | xargs rm -f)
+  { echo "run_edges.sh rc $2; edges.tar.gz holds: $(echo $files)"; tar xzOf "$o/edges.tar.gz" env.txt 2>/dev/null; } > "$o/summary.txt"
+}
+pack "$O" $rc
 exit $rc
