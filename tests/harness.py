@@ -50,6 +50,7 @@ END_TO_END = {
     "test_flashinfer_set.py", "test_install_wheel_tree.py", "test_rebase_tree_check.py",
     "test_unpack.py", "test_line_context.py",
     "test_docs_commands.py",  # the README's and the runbook's command blocks on the user layer (issue 51)
+    "test_regress_verdicts.py", "test_sigterm.py", "test_tool_bytes.py", "test_rebase_claim.py",  # real runs (issues 50, 52)
     "test_results_recipes.py",  # results/*/README.md's rerun recipes built from a fresh clone (issue 51)
     "test_user_layer.py",  # a fresh clone's own .tool-venv, apply, the whole cpu tier and two bisects (issue 50)
 }
