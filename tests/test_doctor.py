@@ -484,23 +484,27 @@ def test_no_gpu_visible_is_125_and_a_missing_kernel_report_is_a_usage_error(tmp_
     assert r.returncode == 2 and r.stderr.strip() == f"sglpatch: error: --kernel-report {tmp_path}: no report.json there"
 
 
-def test_regress_server_tier_runs_the_doctor_first_and_refuses_the_load(tmp_path):
-    good = site(tmp_path / "site")
-    smi_dir = tmp_path / "bin"
-    fake_smi(smi_dir, free=[95 * GIB] * 7 + [3 * GIB])
+def server_project(tmp_path: Path, model: str = "") -> tuple[Path, Path]:
+    """(a project whose profile t's server tier would launch a load that only touches a file, that file)."""
     proj = tmp_path / "proj"
     (proj / "targets").mkdir(parents=True)
     (proj / "tests").mkdir()
     launched = tmp_path / "launched"
-    (proj / "targets" / "t.toml").write_text(textwrap.dedent(f"""
-        [model]
-        weights_gib = 547
+    (proj / "targets" / "t.toml").write_text(textwrap.dedent(model) + textwrap.dedent(f"""
         [server]
         python = "{sys.executable}"
         tp = 8
         command = ["sh", "-c", "touch {launched}; exit 3"]
         health_timeout_s = 5
     """))
+    return proj, launched
+
+
+def test_regress_server_tier_runs_the_doctor_first_and_refuses_the_load(tmp_path):
+    good = site(tmp_path / "site")
+    smi_dir = tmp_path / "bin"
+    fake_smi(smi_dir, free=[95 * GIB] * 7 + [3 * GIB])
+    proj, launched = server_project(tmp_path, "[model]\nweights_gib = 547\n")
     env = base_env({"PYTHONPATH": str(good), "PATH": f"{smi_dir}:{os.environ['PATH']}"})
     cmd = [sys.executable, "-m", "sglpatch.gpu.regress", "--tier", "server", "--profile", "t", "--project", str(proj)]
     r = subprocess.run([*cmd, "--report-dir", str(tmp_path / "r1")], capture_output=True, text=True, env=env, timeout=300)
@@ -519,17 +523,7 @@ def test_the_server_tier_with_no_gpu_cannot_start_and_launches_nothing(tmp_path)
     """Issue 50 (found by the runbook's author): with no GPU visible the doctor says 125, but the gate
     refused only failed checks, so the loads started, died with "No accelerator" and the tier said
     fail (exit 1): a bisect would have marked patches bad. Now 125, nothing launched."""
-    proj = tmp_path / "proj"
-    (proj / "targets").mkdir(parents=True)
-    (proj / "tests").mkdir()
-    launched = tmp_path / "launched"
-    (proj / "targets" / "t.toml").write_text(textwrap.dedent(f"""
-        [server]
-        python = "{sys.executable}"
-        tp = 8
-        command = ["sh", "-c", "touch {launched}; exit 3"]
-        health_timeout_s = 5
-    """))
+    proj, launched = server_project(tmp_path)
     env = base_env({"PYTHONPATH": str(site(tmp_path / "site")), "PATH": f"{tmp_path / 'nobin'}:/usr/bin:/bin"})
     r = subprocess.run([sys.executable, "-m", "sglpatch.gpu.regress", "--tier", "server", "--profile", "t", "--project", str(proj),
                         "--report-dir", str(tmp_path / "r")], capture_output=True, text=True, env=env, timeout=300)

@@ -20,11 +20,9 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import sysconfig
-import venv
 from pathlib import Path
 
-from conftest import ROOT, venv_0523
+from conftest import ROOT, make_venv, venv_0523
 
 FRESH_PATH = "/usr/bin:/bin"
 
@@ -71,15 +69,8 @@ class User:
 
     def serving_venv(self, name: str = "ml-env") -> Path:
         """The user's serving venv (see the module's text): its python."""
-        env_dir = self.home / name
-        venv.EnvBuilder(with_pip=False).create(env_dir)
-        py = env_dir / "bin" / "python"
-        site = subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                              capture_output=True, text=True, check=True).stdout.strip()
-        parents = [sysconfig.get_paths()["purelib"]]
         v0523 = venv_0523()
-        if v0523.exists():
-            parents.append(subprocess.run([str(v0523), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                                          capture_output=True, text=True, check=True).stdout.strip())
-        (Path(site) / "_user_layer_parent.pth").write_text("\n".join(parents) + "\n")
-        return py
+        also = () if not v0523.exists() else (Path(subprocess.run(
+            [str(v0523), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+            capture_output=True, text=True, check=True).stdout.strip()),)
+        return make_venv(self.home / name, also)

@@ -188,16 +188,15 @@ def todo(fs: FlashinferSet, have: dict[str, str]) -> Todo:
     return Todo(install, remove, " ".join(f"{n}=={have[n]}" for n in touched))
 
 
-def _cmds(python: str, installer: str) -> tuple[str | None, list[str], list[str], list[str]]:
-    """(uv, install prefix, uninstall prefix, check command) for python."""
+def _cmds(python: str, installer: str) -> tuple[str | None, list[str], list[str]]:
+    """(uv, uninstall prefix, check command) for python (installs: pip_config.install_cmd)."""
     uv = find_uv() if installer in ("auto", "uv") else None
     if installer == "uv" and not uv:
         raise SglpatchError("--installer uv: uv not found on PATH or in ~/.local/bin")
     if uv:
-        return uv, [uv, "pip", "install", "--python", python], [uv, "pip", "uninstall", "--python", python], \
-            [uv, "pip", "check", "--python", python]
+        return uv, [uv, "pip", "uninstall", "--python", python], [uv, "pip", "check", "--python", python]
     pip = pipconf.pip_cmd(python)
-    return None, [*pip, "install", "--disable-pip-version-check"], [*pip, "uninstall", "-y"], [*pip, "check"]
+    return None, [*pip, "uninstall", "-y"], [*pip, "check"]
 
 
 def check(python: str, fs: FlashinferSet, installer: str = "auto") -> tuple[list[str], list[str]]:
@@ -295,7 +294,7 @@ def install_into(python: str, fs: FlashinferSet, installer: str = "auto", dry_ru
     now = ", ".join(f"{n} {have[n]}" for n in (PACKAGE, *fs.override, *fs.remove) if n in have) or "none of its packages"
     say(f"flashinfer: {python} has {now}; deps/flashinfer.toml wants {' '.join(fs.requirements)}"
         + (f" without {', '.join(fs.remove)}" if fs.remove else "") + (f" ({fs.why})" if fs.why else ""))
-    uv, _, uninst, _ = _cmds(python, installer)
+    uv, uninst, _ = _cmds(python, installer)
     if t.nothing:
         return [f"flashinfer: {python} already has flashinfer-python {fs.version} and the set; nothing to change",
                 verdict(python, fs, installer)]

@@ -48,9 +48,9 @@ def _log_cause(rc: int, log: str) -> str:
     return (errors or lines or ["(no output)"])[-1].strip()
 
 
-def judge(rc: int | None, timed_out: bool, record: dict | None, log: str) -> Judged:
+def judge(rc: int | None, timed_out: bool, record: dict | None, log: str, timeout_s: float | None = None) -> Judged:
     if timed_out:
-        return Judged("timed_out", "the patch tests ran past the tier's timeout (killed)")
+        return Judged("timed_out", f"pytest timed out after {timeout_s} s (killed)")
     if rc is None or rc < 0:
         return Judged("interrupted", f"pytest was killed by signal {-rc if rc else '?'}")
     if rc == 3:

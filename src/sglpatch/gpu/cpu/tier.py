@@ -127,7 +127,7 @@ class CpuTier(Tier):
         counts = tr.data["counts"] = outcome.counts(rec)
         tr.summary = (f"{counts['passed']} passed, {counts['failed']} failed, {counts['errors']} errors, "
                       f"{counts['skipped']} skipped")
-        judged = outcome.judge(res["rc"], res["timed_out"], rec, _tail_text(res["log"]))
+        judged = outcome.judge(res["rc"], res["timed_out"], rec, _tail_text(res["log"]), cfg["timeout_s"])
         tr.data["collect_errors"] = (rec or {}).get("collect_errors", [])
         log = f"log {res['log']}"
         if judged.outcome == "passed":
@@ -137,8 +137,6 @@ class CpuTier(Tier):
         else:
             self.cannot_run(f"pytest could not run the patch tests: {judged.line}",
                             f"{judged.line} (pytest exit {res['rc']}; {log}); no verdict", outcome=judged.outcome)
-        if judged.outcome == "timed_out":
-            tr.failures[-1] = f"pytest timed out after {cfg['timeout_s']} s (killed); {log}"
 
     def report(self) -> TierResult:
         tr = self.result
