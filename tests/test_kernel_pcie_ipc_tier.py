@@ -221,7 +221,7 @@ def test_tuned_leg_on_the_same_buckets_seed_first_clocks_pinned_around_it(tmp_pa
     assert faster == SERVED  # 10 ms of sleep per seed op
     at = ", ".join(f"{n} rows ({tuned[n] / seed[n]:.3f})" for n in SERVED)
     want = (f"keep: tuned is faster than seed by more than 15% at {at}: run the tuning step (`python -m "
-            "sglang.srt.distributed.device_communicators.pcie_ipc_tune --tp 2 --hidden 64 --rows 3,6,12,24 --pin-clocks "
+            "sglang.srt.pcie_ipc_tune --tp 2 --hidden 64 --rows 3,6,12,24 --pin-clocks "
             "1500`) and serve with SGLANG_PCIE_IPC_TUNE=cache")
     assert x["verdict"] == want and f"**Verdict: {want}**" in md
     assert x["clocks"]["line"].startswith("clocks pinned at 1500 MHz") and "Clocks: clocks pinned at 1500 MHz" in md

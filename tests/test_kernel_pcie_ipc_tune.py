@@ -25,7 +25,7 @@ TOPO = ROOT / "tests" / "fixtures" / "topo"
 P5 = next((ROOT / "patches").glob("0005-*.patch"))
 SERVED = [3, 6, 12, 24]  # a power-of-two ladder up to 24 would be 1, 2, 4, 8, 16, 24
 SEED = {3: 10.0, 6: 12.0, 12: 16.0, 24: 20.0}
-STEP = "python -m sglang.srt.distributed.device_communicators.pcie_ipc_tune --tp 8 --hidden 7168 --rows 3,6,12,24"
+STEP = "python -m sglang.srt.pcie_ipc_tune --tp 8 --hidden 7168 --rows 3,6,12,24"
 
 
 def rows_of(seed: dict, tuned: dict, install: str = "A") -> list[dict]:

@@ -46,7 +46,7 @@ SWITCHES = {
     "pcie_ipc": "SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=1 (0.5.9 + P5 with `scripts/apply.sh --with-flashinfer`, or sglang "
                 ">= 0.5.22 natively: flashinfer >= 0.7.0 either way)",
     "pcie_ipc_tuned": "SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=1 SGLANG_PCIE_IPC_TUNE=cache after P5's tuning step (python -m "
-                      "sglang.srt.distributed.device_communicators.pcie_ipc_tune; the tier's PCIe-IPC section has it)",
+                      "sglang.srt.pcie_ipc_tune; the tier's PCIe-IPC section has it)",
     "b12x_oneshot": "none yet: flashinfer's experimental b12x kernels are not wired into SGLang 0.5.23 (a patch)",
     "b12x_twoshot": "none yet: flashinfer's experimental b12x kernels are not wired into SGLang 0.5.23 (a patch)",
     "b12x_fused": "none yet: flashinfer's experimental b12x kernels are not wired into SGLang 0.5.23 (a patch)",

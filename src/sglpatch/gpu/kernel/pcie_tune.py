@@ -2,7 +2,7 @@
 
 P5 serves flashinfer's PCIe-IPC allreduce with tune_batches = exactly the row counts the server
 captures and the SEED launch configurations (SGLANG_PCIE_IPC_TUNE=seed, the default); tuning is a
-deliberate step (`python -m sglang.srt.distributed.device_communicators.pcie_ipc_tune`, then
+deliberate step (`python -m sglang.srt.pcie_ipc_tune`, then
 SGLANG_PCIE_IPC_TUNE=cache).  The kernel tier measures `pcie_ipc` that way, and with
 `[kernel] pcie_ipc_tune = true` also `pcie_ipc_tuned` (the same workspace after ws.tune) in a launch
 of its own, seed leg first, under pinned clocks when `[kernel] pin_clocks_mhz` says so.  This module
@@ -19,7 +19,7 @@ from sglpatch.gpu.shared.profile import usage_error
 
 SEED, TUNED = "pcie_ipc", "pcie_ipc_tuned"
 MODE = "graph"
-STEP = "python -m sglang.srt.distributed.device_communicators.pcie_ipc_tune"
+STEP = "python -m sglang.srt.pcie_ipc_tune"
 
 
 def settings(k: dict) -> dict:
