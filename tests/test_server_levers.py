@@ -149,3 +149,39 @@ def test_p5s_own_lines_are_the_allreduce_evidence(tmp_path):
     log.write_text(f"{on}\n{off}\n")  # its give-up overrules the enable line
     assert (allreduce_backend(log, env, [], "P5")["backend"], allreduce_backend(log, env, [], "P5")["evidence"]) == (NCCL_NAME, off)
     assert install_label("/opt/ml-env/bin/python3", "0.5.9", True) == "0.5.9 + P5 (/opt/ml-env)"
+
+
+P5_WORKSPACE = ("[2026-12-03 TP0] PCIe-IPC allreduce on 8 GPUs: workspace 11.1 MiB per GPU, bf16 reductions up to 172032 "
+                "elements (24 rows of 7168, widest captured reduction 24 rows); buckets [3, 6, 12, 24]; seed launch "
+                "configurations (SGLANG_PCIE_IPC_TUNE; the tuning step: python -m "
+                "sglang.srt.distributed.device_communicators.pcie_ipc_tune --tp 8 --hidden 7168 --rows 3,6,12,24).")
+
+
+def test_p5s_workspace_line_of_today_and_p7s_start_up_line_are_evidence(tmp_path):
+    """P5's start-up lines as the patch prints them now (issue 53): the workspace line alone names P5's
+    PCIe-IPC, and its buckets and launch configurations are read; P7's `b12x one-shot` is a path."""
+    from sglpatch.gpu.server.evidence import B12X_NAME, NCCL_NAME, P5_IPC_NAME, allreduce_backend, describe, served_as
+
+    log = tmp_path / "server.log"
+    env = {"SGLANG_ENABLE_PCIE_IPC_ALLREDUCE": "1", "SGLANG_PCIE_IPC_TUNE": "seed"}
+    log.write_text(f"{P5_WORKSPACE}\n")  # a cut log: no start-up line, the workspace line is the evidence
+    ev = allreduce_backend(log, env, [], "P5")
+    assert (ev["backend"], ev["evidence"]) == (P5_IPC_NAME, P5_WORKSPACE.strip())
+    assert ev["pcie_ipc"]["buckets"] == [3, 6, 12, 24] and ev["pcie_ipc"]["launch_configurations"] == "seed"
+    assert ev["pcie_ipc"]["workspace_mib"] == 11.1 and ev["selected_by"] == env
+    for policy in ("cache", "tune"):
+        log.write_text(P5_WORKSPACE.replace("; seed launch", f"; {policy} launch") + "\n")
+        assert allreduce_backend(log, env, [], "P5")["pcie_ipc"]["launch_configurations"] == policy
+    startup = "[2026-12-03 TP0] Decode/verify allreduce: PCIe-IPC (world_size=8)."
+    log.write_text(f"{P5_WORKSPACE}\n{startup}\n")
+    ev = allreduce_backend(log, env, [], "P5")
+    assert (ev["backend"], ev["evidence"]) == (P5_IPC_NAME, startup) and served_as(ev, "pcie_ipc") is True
+    assert served_as(ev, "b12x_oneshot") is False and served_as(ev, "mscclpp") is None
+    b12x = "[2026-12-03 TP0] Decode/verify allreduce: b12x one-shot (world_size=8)."
+    log.write_text(f"{b12x}\n")
+    ev = allreduce_backend(log, {"SGLANG_ENABLE_B12X_ALLREDUCE": "1"}, [], None)
+    assert (ev["backend"], describe(ev)) == (B12X_NAME, "b12x one-shot (P7)")
+    assert ev["selected_by"] == {"SGLANG_ENABLE_B12X_ALLREDUCE": "1"}
+    assert served_as(ev, "b12x_oneshot") and served_as(ev, "b12x_fused") and not served_as(ev, "pcie_ipc")
+    log.write_text("[2026-12-03 TP0] Decode/verify allreduce: NCCL (world_size=8).\n")
+    assert allreduce_backend(log, {"SGLANG_ENABLE_B12X_ALLREDUCE": "1"}, [], None)["backend"] == NCCL_NAME
