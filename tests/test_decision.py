@@ -207,3 +207,40 @@ def test_the_worker_reads_the_pcie_ipc_adapter_from_the_files(tmp_path, monkeypa
     assert install_label("A", "/opt/ml-env/bin/python3", hw) == "A: sglang 0.5.9 + P5 (/opt/ml-env)"
     assert install_label("B", "/opt/v/bin/python3", {"versions": {"sglang": "0.5.23", "sglang_pcie_ipc": "upstream"}}) == \
         "B: sglang 0.5.23 (/opt/v)"
+
+
+def test_b12x_switch_is_p7s_on_the_059_line_and_none_elsewhere():
+    """P7 serves b12x's one-shot kernel and its fused add+RMSNorm under one switch, on the 0.5.9 line;
+    the two-shot kernel nowhere; on 0.5.23 no patch serves any of them (issue 53)."""
+    p7 = "SGLANG_ENABLE_B12X_ALLREDUCE=1 (P7, 0.5.9 line; SM120 only)"
+    two = "none: P7 serves the one-shot kernel and its fused add+RMSNorm only"
+    assert [decision.switch(b) for b in ("b12x_oneshot", "b12x_fused", "b12x_twoshot")] == [p7, p7, two]
+    with_p7 = {"sglang": "0.5.9", "flashinfer-python": "0.7.2", "sglang_b12x": "P7"}
+    assert decision.switch("b12x_oneshot", with_p7) == decision.switch("b12x_fused", with_p7) == p7
+    assert decision.switch("b12x_twoshot", with_p7) == two
+    assert decision.switch("b12x_fused", {"sglang": "0.5.9"}) == (
+        "none on this install (sglang 0.5.9 without P7): SGLANG_ENABLE_B12X_ALLREDUCE=1 needs 0.5.9 + P7 "
+        "(`scripts/apply.sh --with-flashinfer`)")
+    assert decision.switch("b12x_oneshot", {"sglang": "0.5.23", "sglang_pcie_ipc": "upstream"}) == (
+        "none on sglang 0.5.23: no patch serves flashinfer's b12x kernels on that line (P7, "
+        "SGLANG_ENABLE_B12X_ALLREDUCE=1, is on the 0.5.9 line only)")
+    assert decision.switch("b12x_twoshot", {"sglang": "0.5.23"}) == two
+    assert decision.switch("b12x_oneshot", {"torch": "2.9"}).startswith("none on this install (no sglang)")
+    # in the table: the same candidate on both lines of an --ab run
+    got = rows("nccl", "A", {1: 60.0, 3: 150.0}) + rows("b12x_oneshot", "A", {1: 9.0, 3: 12.0}) + \
+        rows("b12x_oneshot", "B", {1: 9.0, 3: 12.0})
+    c = by_name(decision.project(got, CFG, None, {"A": with_p7, "B": {"sglang": "0.5.23"}}))
+    assert c[("b12x_oneshot", "A")]["switch"] == p7 and c[("b12x_oneshot", "B")]["switch"].startswith("none on sglang 0.5.23")
+
+
+def test_the_worker_reads_p7_from_the_files(tmp_path, monkeypatch):
+    from sglpatch.gpu.kernel.microbench import hardware
+
+    pkg = tmp_path / "sglang"
+    (pkg / "srt" / "layers").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("raise ImportError('not imported')\n")
+    (pkg / "srt" / "environ.py").write_text("SGLANG_ENABLE_PCIE_IPC_ALLREDUCE = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert hardware.sglang_b12x() is False and "sglang_b12x" not in hardware.versions()
+    (pkg / "srt" / "layers" / "b12x_allreduce.py").write_text("flag = envs.SGLANG_ENABLE_B12X_ALLREDUCE.get()\n")
+    assert hardware.sglang_b12x() is True and hardware.versions()["sglang_b12x"] == "P7"

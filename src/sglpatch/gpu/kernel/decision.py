@@ -27,6 +27,7 @@ import json
 from pathlib import Path
 
 from sglpatch.gpu.shared.profile import usage_error
+from sglpatch.gpu.shared.served import version_tuple
 
 DEFAULTS = {"layers": 61, "reductions_per_layer": 2, "batch_size": 1, "draft_tokens": 3,
             "decode_step_ms": 12.2, "spec_cycle_ms": 30.0, "accept_lengths": [2.0, 2.5, 3.0],
@@ -47,16 +48,36 @@ SWITCHES = {
                 ">= 0.5.22 natively: flashinfer >= 0.7.0 either way)",
     "pcie_ipc_tuned": "SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=1 SGLANG_PCIE_IPC_TUNE=cache after P5's tuning step (python -m "
                       "sglang.srt.pcie_ipc_tune; the tier's PCIe-IPC section has it)",
-    "b12x_oneshot": "none yet: flashinfer's experimental b12x kernels are not wired into SGLang 0.5.23 (a patch)",
-    "b12x_twoshot": "none yet: flashinfer's experimental b12x kernels are not wired into SGLang 0.5.23 (a patch)",
-    "b12x_fused": "none yet: flashinfer's experimental b12x kernels are not wired into SGLang 0.5.23 (a patch)",
+    "b12x_oneshot": "SGLANG_ENABLE_B12X_ALLREDUCE=1 (P7, 0.5.9 line; SM120 only)",
+    "b12x_fused": "SGLANG_ENABLE_B12X_ALLREDUCE=1 (P7, 0.5.9 line; SM120 only)",
+    "b12x_twoshot": "none: P7 serves the one-shot kernel and its fused add+RMSNorm only",
 }
+B12X_SERVED = ("b12x_oneshot", "b12x_fused")  # what P7 serves under its one switch
+
+
+def _b12x_switch(backend: str, v: dict) -> str:
+    """P7's switch where the install's sglang reads it (versions' sglang_b12x, from its files); else
+    what is missing: P7 on the 0.5.9 line, no patch at all on another line (0.5.23)."""
+    ver = v.get("sglang")
+    if v.get("sglang_b12x") == "P7":
+        line = version_tuple(ver)[:3] == (0, 5, 9) or not ver
+        return SWITCHES[backend] if line else f"SGLANG_ENABLE_B12X_ALLREDUCE=1 (P7 on sglang {ver}; SM120 only)"
+    if not ver:
+        return "none on this install (no sglang): SGLANG_ENABLE_B12X_ALLREDUCE=1 needs sglang 0.5.9 + P7"
+    if version_tuple(ver)[:3] == (0, 5, 9):
+        return (f"none on this install (sglang {ver} without P7): SGLANG_ENABLE_B12X_ALLREDUCE=1 needs 0.5.9 + P7 "
+                "(`scripts/apply.sh --with-flashinfer`)")
+    return (f"none on sglang {ver}: no patch serves flashinfer's b12x kernels on that line (P7, "
+            "SGLANG_ENABLE_B12X_ALLREDUCE=1, is on the 0.5.9 line only)")
 
 
 def switch(backend: str, versions: dict | None = None) -> str:
     """The switch that serves backend on the install whose worker reported versions (hardware
-    versions: sglang, flashinfer-python, sglang_pcie_ipc = "P5" | "upstream" | absent)."""
+    versions: sglang, flashinfer-python, sglang_pcie_ipc = "P5" | "upstream" | absent, sglang_b12x =
+    "P7" | absent); without versions (an older report) the generic text."""
     v = versions or {}
+    if backend in B12X_SERVED and v:
+        return _b12x_switch(backend, v)
     if backend != "pcie_ipc" or not v:
         return SWITCHES.get(backend, "?")
     fi = f"flashinfer {v.get('flashinfer-python', '?')}"

@@ -19,6 +19,24 @@ P5_MODULE = "srt/distributed/device_communicators/pcie_ipc_allreduce.py"  # P5's
 UPSTREAM_MODULE = "srt/distributed/device_communicators/pcie_ipc_ar.py"  # sglang >= 0.5.21's own
 
 
+B12X_SWITCH = "SGLANG_ENABLE_B12X_ALLREDUCE"  # P7: flashinfer's b12x one-shot allreduce + fused add-RMSNorm
+
+
+def reads_switch(pkg: str | Path, name: str) -> bool:
+    """Whether an sglang package folder's own sources (srt/**.py) read the switch `name`: P7's
+    SGLANG_ENABLE_B12X_ALLREDUCE is nowhere in an sglang without P7, which would ignore it and serve
+    NCCL.  Read from the files, nothing imported; standard library (the worker runs it too)."""
+    srt = Path(pkg) / "srt"
+    needle = name.encode()
+    for f in sorted(srt.rglob("*.py")) if srt.is_dir() else []:
+        try:
+            if needle in f.read_bytes():
+                return True
+        except OSError:
+            continue
+    return False
+
+
 def pcie_ipc_server(served: dict) -> str | None:
     """What in the served sglang turns PCIe-IPC on with SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=1: "P5"
     (the series' backport), "upstream" (0.5.21+'s pcie_ipc_ar.py), or None (neither)."""

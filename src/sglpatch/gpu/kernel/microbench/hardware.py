@@ -47,22 +47,38 @@ def versions() -> dict:
     ipc = sglang_pcie_ipc()
     if ipc:
         out["sglang_pcie_ipc"] = ipc
+    if sglang_b12x():
+        out["sglang_b12x"] = "P7"
     return out
 
 
-def sglang_pcie_ipc() -> str | None:
-    """What in this interpreter's sglang serves SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=1: "P5" (the
-    series' backport, device_communicators/pcie_ipc_allreduce.py), "upstream" (pcie_ipc_ar.py,
-    sglang >= 0.5.21), None; read from the files, nothing imported."""
+def _sglang_folder() -> str | None:
     import importlib.util
 
     try:
         spec = importlib.util.find_spec("sglang")
     except (ImportError, ValueError):
         return None
-    if not spec or not spec.origin:
+    return os.path.dirname(spec.origin) if spec and spec.origin else None
+
+
+def sglang_b12x() -> bool:
+    """Whether this interpreter's sglang serves SGLANG_ENABLE_B12X_ALLREDUCE=1 (P7: its sources read
+    the switch); read from the files, nothing imported."""
+    from sglpatch.gpu.shared.served import B12X_SWITCH, reads_switch
+
+    pkg = _sglang_folder()
+    return bool(pkg) and reads_switch(pkg, B12X_SWITCH)
+
+
+def sglang_pcie_ipc() -> str | None:
+    """What in this interpreter's sglang serves SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=1: "P5" (the
+    series' backport, device_communicators/pcie_ipc_allreduce.py), "upstream" (pcie_ipc_ar.py,
+    sglang >= 0.5.21), None; read from the files, nothing imported."""
+    pkg = _sglang_folder()
+    if not pkg:
         return None
-    comm = os.path.join(os.path.dirname(spec.origin), "srt", "distributed", "device_communicators")
+    comm = os.path.join(pkg, "srt", "distributed", "device_communicators")
     if os.path.isfile(os.path.join(comm, "pcie_ipc_allreduce.py")):
         return "P5"
     return "upstream" if os.path.isfile(os.path.join(comm, "pcie_ipc_ar.py")) else None
