@@ -3,7 +3,8 @@ from the installer's own resolver, and a build makes a NEW venv without touching
 
 The environment is faked, never the preflight: a fake `nvidia-smi` / `nvcc` first on PATH (or
 CUDA_HOME), a small tmpfs for the disk, and a local wheel index (uv's or pip's own
-find-links, with an empty default index) standing in for the registry; the release's pins come
+find-links, with an empty default index) standing in for the registry, set as pip's configuration
+(PIP_INDEX_URL, PIP_FIND_LINKS; the machine's pip.conf left out), which uv is handed; the release's pins come
 from a fake sdist PKG-INFO passed as --release-artifact. One slow test resolves the real
 pinned 0.5.9 set against the registry (dry run: nothing downloaded beyond metadata).
 """
@@ -68,7 +69,10 @@ def tmp_path(disk_tmp_path):
 
 @pytest.fixture
 def env(tmp_path):
-    """PATH with a fake-tools dir first; the registry replaced by a local find-links index."""
+    """PATH with a fake-tools dir first; the registry replaced by a local find-links index. Offline by
+    an empty local index, not PIP_NO_INDEX: no-index would also turn off the indexes the tool adds
+    (--cuda's), as it does for pip (sglpatch.pythonenv.pip_config.uv_args). The machine's pip.conf
+    (its indexes, find-links, constraints) is left out: uv is handed pip's configuration."""
     fake = tmp_path / "fakebin"
     fake.mkdir()
     empty = tmp_path / "emptyindex"
@@ -77,9 +81,10 @@ def env(tmp_path):
     index.mkdir()
     e = {
         "PATH": f"{fake}:{os.path.dirname(sys.executable)}:{os.environ['PATH']}",
-        "UV_DEFAULT_INDEX": f"file://{empty}",
+        "UV_DEFAULT_INDEX": f"file://{empty}",  # for the uv calls that are not handed pip's configuration
         "UV_FIND_LINKS": str(index),
-        "PIP_NO_INDEX": "1",
+        "PIP_CONFIG_FILE": os.devnull,
+        "PIP_INDEX_URL": f"file://{empty}",
         "PIP_FIND_LINKS": str(index),
         "PIP_CONSTRAINT": "",
     }
@@ -294,7 +299,7 @@ def test_build_makes_a_new_venv_and_leaves_the_serving_one_alone(env, project_co
     new = tmp_path / "new"
     e = dict(os.environ, **env["env"])
     e.pop("UV_DEFAULT_INDEX")  # the editable build needs setuptools from the registry (uv's cache)
-    e.pop("PIP_NO_INDEX")
+    e["PIP_INDEX_URL"] = os.environ["PIP_INDEX_URL"]  # the registry conftest found
     proc = sglpatch(
         "apply", "--project", str(project_copy), "--workdir", str(tmp_path / "fork"), "--source", "sdist", "--venv", str(new),
         "--release-artifact", str(art), "--python", str(serving_py), "--installer", installer, env=e,
@@ -340,9 +345,8 @@ def test_dry_run_plan_shows_the_index_sizes_and_their_total_first(env, project_c
     srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Quiet)
     threading.Thread(target=srv.serve_forever, daemon=True).start()
     index = f"http://127.0.0.1:{srv.server_port}/simple"
-    for k in ("UV_FIND_LINKS", "PIP_NO_INDEX", "PIP_FIND_LINKS"):
-        env["env"].pop(k)
-    env["env"].update(UV_DEFAULT_INDEX=index, PIP_INDEX_URL=index, UV_CACHE_DIR=str(env["tmp"] / "uv-cache"))
+    env["env"].pop("UV_FIND_LINKS")
+    env["env"].update(UV_DEFAULT_INDEX=index, PIP_INDEX_URL=index, PIP_FIND_LINKS="", UV_CACHE_DIR=str(env["tmp"] / "uv-cache"))
     tool(env["fake"], "nvidia-smi", "570.133.20, 12.0")
     try:
         proc = dry_run(env, project_copy, [f"{n}==1.0" for n in files], installer=installer)
