@@ -63,7 +63,8 @@ STARTUP_NAMES = {"PCIe-IPC": IPC_NAME, "NCCL": NCCL_NAME, "trtllm fused": FUSED_
                  "b12x one-shot": B12X_NAME}
 # the kernel tier's backend names (kernel/decision.py) -> what the server's evidence calls that path;
 # a parity pair that names a backend counts for it only when its mode b was served by it
-SERVED_AS = {"pcie_ipc": (IPC_NAME, P5_IPC_NAME), "custom_ar": (P2_NAME, CA_NAME), "flashinfer_fused": (FUSED_NAME,),
+SERVED_AS = {"pcie_ipc": (IPC_NAME, P5_IPC_NAME), "pcie_ipc_tuned": (IPC_NAME, P5_IPC_NAME),
+             "custom_ar": (P2_NAME, CA_NAME), "flashinfer_fused": (FUSED_NAME,),
              "b12x_oneshot": (B12X_NAME,), "b12x_fused": (B12X_NAME,)}
 
 
@@ -135,6 +136,9 @@ def served_as(ev: dict | None, backend: str) -> bool | None:
     ev = ev or {}
     if backend == "flashinfer_fused" and ev.get("fusion") and FUSION_ON.search(ev["fusion"]):
         return True
+    policy = (ev.get("pcie_ipc") or {}).get("launch_configurations")
+    if backend == "pcie_ipc_tuned" and policy == "seed":  # P5's workspace line says it ran seed ones
+        return False
     return ev.get("backend") in names
 
 

@@ -5,6 +5,7 @@
     requires_import = ["deep_ep"]   # modules the server's interpreter must import
     min_sglang = "0.5.21"           # the served sglang's version must be at least this
     requires_pcie_ipc = true        # the served sglang has a PCIe-IPC adapter: 0.5.9 + P5, or >= 0.5.22
+    requires_switch = "SGLANG_ENABLE_B12X_ALLREDUCE"   # the served sglang's sources read it (0.5.9 + P7)
 
 A mode whose needs are not met is not run and is listed with the reason (not a failure): on
 --ab, each side checks its own interpreter, so a 0.5.23-only mode runs on that side only."""
@@ -12,10 +13,12 @@ A mode whose needs are not met is not run and is listed with the reason (not a f
 from __future__ import annotations
 
 import subprocess
+from pathlib import Path
 
-from sglpatch.gpu.shared.served import pcie_ipc_server, version_tuple
+from sglpatch.gpu.shared.served import B12X_SWITCH, pcie_ipc_server, reads_switch, version_tuple
 
 NATIVE_PCIE_IPC = "0.5.22"  # 0.5.21 ships pcie_ipc_ar.py, but its flashinfer 0.6.18 has no PCIe-IPC module
+SWITCH_BY = {B12X_SWITCH: "sglang 0.5.9 + P7"}  # what serves a switch that only a patch reads
 
 CHECK = ("import importlib, sys\n"
          "for m in sys.argv[1:]:\n"
@@ -36,6 +39,12 @@ def unmet(mode: dict, python: str, env: dict, sglang_version: str | None, served
             return (f"needs a PCIe-IPC allreduce: sglang 0.5.9 + P5 (`scripts/apply.sh --with-flashinfer`) or sglang >= "
                     f"{NATIVE_PCIE_IPC}; {python} serves sglang {sglang_version or '?'} "
                     + ("whose pinned flashinfer has no PCIe-IPC module" if by else "without one"))
+    sw = mode.get("requires_switch")
+    f = (served or {}).get("sglang_file")
+    if sw and not (f and reads_switch(Path(f).parent, str(sw))):
+        return (f"needs an sglang that reads {sw} ({SWITCH_BY.get(sw, 'a patch that serves it')}); {python} serves "
+                f"sglang {sglang_version or '?'} whose sources never read it: the switch would be ignored and NCCL "
+                "would serve")
     mods = [str(m) for m in mode.get("requires_import") or []]
     if not mods:
         return None

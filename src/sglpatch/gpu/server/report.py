@@ -5,7 +5,8 @@ plus the derived single-stream tok/s = 1000 / median TPOT, which is what the pro
 (82 tok/s) is compared with (`mode_table` gates it); `/get_server_info` and the imported sglang's
 patches say what served; P4's verify profile gives the verify ms; output parity compares the
 greedy texts of two modes (`[[server.parity]]`) or of an earlier report (`--parity-with`) and
-shows the first difference.  `server` runs the tier and calls these.
+shows the first difference (server/parity.py adds the EAGLE-3 accept length and judges a pair).
+`server` runs the tier and calls these.
 """
 
 from __future__ import annotations
@@ -116,7 +117,9 @@ def read_verify_profile(path: Path) -> dict | None:
     for key in {k for r in recs for k, v in r.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}:
         vals = [r[key] for r in recs if isinstance(r.get(key), (int, float))]
         med[key] = statistics.median(vals)
-    return {"records": len(recs), "last": recs[-1], "median_of_records": med,
+    # committed tokens over request-steps, summed: the accept length over the whole file (parity.py)
+    sums = {k: sum(r[k] for r in recs if isinstance(r.get(k), (int, float))) for k in ("tokens", "requests", "cycles")}
+    return {"records": len(recs), "last": recs[-1], "median_of_records": med, "sums": sums,
             "break_even_accept_length": _find_key(recs[-1], "break_even_accept_length")}
 
 
@@ -260,51 +263,6 @@ def mode_table(tr: TierResult, srv: dict, cfgs: list[dict], modes: list[dict]) -
     return md
 
 
-def parity_checks(tr: TierResult, srv: dict, report_dir: Path, modes: list[dict], old: dict | None,
-                  old_dir: str | None, digest: str, first_token=None) -> list[dict]:
-    by_name = {m["mode"]: m for m in modes}
-    bench = srv["benchmark"]
-    order = bench_order(len(bench["prompts"]), num_requests(bench), int(srv["seed"]))
-    out = []
-    for pair in srv.get("parity", []):
-        a, b = by_name.get(pair["a"]), by_name.get(pair["b"])
-        if a is None or b is None:
-            out.append({"name": pair["name"], "a": pair["a"], "b": pair["b"], "status": "not_run",
-                        "detail": "not both modes ran (select them with --modes " f"{pair['a']},{pair['b']})"})
-            continue
-        out.append(compare_outputs(pair["name"], pair["a"], read_texts(report_dir, a), pair["b"],
-                                   read_texts(report_dir, b), bench["prompts"], order, first_token))
-    if old is not None:
-        old_srv = (old.get("tiers") or {}).get("server") or {}
-        old_modes = {m["mode"]: m for m in old_srv.get("modes", [])}
-        same_prompts = (old_srv.get("prompts") or {}).get("sha") == digest
-        for m in modes:
-            name = f"{m['mode']} vs --parity-with"
-            if m["mode"] not in old_modes:
-                out.append({"name": name, "status": "fail", "detail": f"{old_dir} has no mode {m['mode']}"})
-            elif not same_prompts:
-                out.append({"name": name, "status": "fail", "detail": f"{old_dir} used another prompt set"})
-            else:
-                out.append(compare_outputs(name, f"{old_dir}:{m['mode']}", read_texts(old_dir, old_modes[m["mode"]]),
-                                           f"this run:{m['mode']}", read_texts(report_dir, m),
-                                           bench["prompts"], order, first_token))
-    for p in out:
-        if p["status"] in ("differ", "fail"):
-            tr.fail(f"parity {p['name']}: {p['detail']}")
-    return out
-
-
-def parity_markdown(checks: list[dict]) -> list[str]:
-    if not checks:
-        return []
-    md = ["", "### Output parity (greedy, same prompts; text as bench_serving records it)", "",
-          "| check | a | b | result |", "|---|---|---|---|"]
-    for p in checks:
-        verdict = {"same": "SAME", "differ": "**DIFFERS**", "fail": "**FAILED**", "not_run": "not run"}[p["status"]]
-        md.append(f"| {p['name']} | {p.get('a', '')} | {p.get('b', '')} | {verdict}: {p['detail']} |")
-    return md
-
-
 def served_markdown(by: dict, modes: list[dict]) -> list[str]:
     md = ["", "### What served", ""]
     if by.get("error"):
@@ -333,12 +291,12 @@ def served_markdown(by: dict, modes: list[dict]) -> list[str]:
     return md
 
 
-def tier_markdown(srv: dict, data: dict) -> list[str]:
-    """What follows the mode table: modes not run, parity, what served, the env by version and
-    of an A/B side, the commands and logs (to rerun a benchmark by hand)."""
+def tier_markdown(srv: dict, data: dict, parity_md: list[str]) -> list[str]:
+    """What follows the mode table: modes not run, parity (server/parity.py's lines), what served,
+    the env by version and of an A/B side, the commands and logs (to rerun a benchmark by hand)."""
     results = data["modes"]
     md = [f"\n- mode {m['mode']} not run: {m['why']}" for m in data["skipped_modes"]]
-    md += parity_markdown(data["parity"]) + served_markdown(data["served_by"], results)
+    md += parity_md + served_markdown(data["served_by"], results)
     md += [f"- env by version ([[server.version_env]]): {w}" for w in data["version_env"]]
     if data["side_env"]:
         md.append(f"- env of this A/B side: {data['side_env']}")
@@ -353,17 +311,3 @@ def tier_markdown(srv: dict, data: dict) -> list[str]:
             md.append(f"  - bench: `{shlex.join(m['bench_command'])}` (log `{m.get('bench_log')}`"
                       + (f", env added {benv}" if benv else "") + ")")
     return md
-
-
-def tier_summary(results: list[dict], parity: list[dict]) -> str:
-    """One line: each mode's single-stream tok/s, then the parity verdict."""
-    summary = "; ".join(f"{m['mode']}: {fmt((m.get('benchmark') or {}).get('single_stream_tok_s'))} tok/s"
-                        + ("" if m.get("status") == "ok" else " (failed)") for m in results)
-    bad = [p["name"] for p in parity if p["status"] in ("differ", "fail")]
-    unrun = [p["name"] for p in parity if p["status"] == "not_run"]  # its modes were not selected: no verdict, not a failure
-    ran = len(parity) - len(unrun)
-    if ran:
-        summary += "; parity " + (f"FAILED: {', '.join(bad)}" if bad else "same")
-    if unrun:
-        summary += f"; parity not run: {', '.join(unrun)}"
-    return summary

@@ -7,8 +7,9 @@ JSONL (never its stdout) with SGLang's metrics by their names plus the derived s
 tok/s = 1000 / median TPOT, which is what the profile's baseline (82 tok/s) is compared with;
 what served (`/get_server_info`, the patches the imported sglang carries, the env); and output
 parity between pairs of modes (`[[server.parity]]`) or against an earlier report
-(`--parity-with`): greedy outputs that differ fail the tier and the first difference is shown
-(server/report.py).  `--ab A,B` runs this tier once per install (server/ab.py).
+(`--parity-with`): greedy outputs that differ, or EAGLE-3 accept lengths beyond their tolerance,
+fail the tier and the first difference is shown (server/parity.py).  `--ab A,B` runs this tier
+once per install (server/ab.py).
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ from pathlib import Path
 from sglpatch.gpu.doctor.run import gate_server
 from sglpatch.gpu.server.mode import run_server_mode, write_prompts
 from sglpatch.gpu.server.modes import split
-from sglpatch.gpu.server.report import mode_table, num_requests, parity_checks, tier_markdown, tier_summary, token_differ
+from sglpatch.gpu.server.parity import parity_checks, parity_markdown, tier_summary
+from sglpatch.gpu.server.report import mode_table, num_requests, tier_markdown, token_differ
 from sglpatch.gpu.shared.plan import Tier
 from sglpatch.gpu.shared.profile import expand, usage_error
 from sglpatch.gpu.shared.report import TierResult
@@ -129,7 +131,7 @@ class ServerTier(Tier):
         first_token = token_differ(self.python, expand(bench.get("tokenizer") or srv["model_path"]), plan.base_env)
         tr.data["parity"] = parity_checks(tr, srv, plan.report_dir, results, self.old, plan.parity_with, self.digest,
                                           first_token)
-        tr.md += tier_markdown(srv, tr.data)
+        tr.md += tier_markdown(srv, tr.data, parity_markdown(tr.data["parity"]))
         if tr.status != "fail":
             tr.status = "pass"
         tr.summary = tier_summary(results, tr.data["parity"])

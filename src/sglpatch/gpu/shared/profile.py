@@ -60,7 +60,9 @@ SERVER_DEFAULTS: dict = {
                               "generates text, step by step."]},
     "baselines": {"no_spec_tok_s": None, "tolerance": 0.05},
     "modes": [{"name": "no_spec", "args": [], "env": {}, "gate": True}],
-    "parity": [],  # [{name, a, b}]: modes whose greedy outputs must be identical
+    # [{name, a, b, backends?, accept_tolerance?}]: modes whose greedy outputs must be identical (and,
+    # speculating, their accept lengths within a tolerance); backends: the kernel-tier backends b serves
+    "parity": [],
     # [{min_version, max_version?, env, why?}]: env added to [server.env] when the served sglang's
     # version is in [min_version, max_version) (e.g. PCIe-IPC allreduce on from 0.5.21)
     "version_env": [],
@@ -125,6 +127,11 @@ def load_profile(path: Path | None) -> dict:
         for i, pair in enumerate(srv["parity"]):
             if not all(k in pair for k in ("name", "a", "b")) or pair["a"] not in names or pair["b"] not in names:
                 raise usage_error(f"profile {path}: server.parity[{i}] needs name, a and b naming modes {names}")
+            tol, bk = pair.get("accept_tolerance"), pair.get("backends", [])
+            if tol is not None and (isinstance(tol, bool) or not isinstance(tol, (int, float)) or tol <= 0):
+                raise usage_error(f"profile {path}: server.parity[{i}] accept_tolerance must be a positive number")
+            if not isinstance(bk, list) or not all(isinstance(x, str) for x in bk):
+                raise usage_error(f"profile {path}: server.parity[{i}] backends must be a list of kernel-tier backend names")
         for i, rule in enumerate(srv["version_env"]):
             if not isinstance(rule, dict) or "min_version" not in rule or not isinstance(rule.get("env"), dict):
                 raise usage_error(f"profile {path}: server.version_env[{i}] needs min_version and an env table")
