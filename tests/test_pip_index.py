@@ -57,7 +57,7 @@ def test_uv_is_handed_pip_installs_settings(tmp_path, monkeypatch):
     conf = {k: v for k, v in pip_config.config().items() if k != "constraint"}  # the machine's own files count too
     assert conf == {"index-url": ["http://install.example/simple"], "find-links": ["/wheels"],
                     "extra-index-url": ["http://a.example/simple", "http://b.example/simple"]}
-    assert pip_config.uv_args()[:6] == ["--index-url", "http://install.example/simple", "--extra-index-url", "http://a.example/simple",
+    assert pip_config.uv_args()[:6] == ["--default-index", "http://install.example/simple", "--extra-index-url", "http://a.example/simple",
                                         "--extra-index-url", "http://b.example/simple"]
 
 

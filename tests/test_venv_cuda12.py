@@ -137,7 +137,7 @@ def test_cuda12_plan_shows_each_build_and_index_and_passes_where_all_exist(cuda_
     torch_index = f"{cuda_env['url']}/pytorch/cu126"
     assert f"--extra-index-url {torch_index}" in out  # the resolver's own command, as run
     assert (f"plan: CUDA 12.8 builds (--cuda): torch +cu126 from {torch_index}; flashinfer-python [cu12] extra; "
-            f"nvshmem4py-cu13 nvshmem4py-cu12 (the CUDA 12 package); torchvision +cu126 from {torch_index} (the first index that has it)\n") in out
+            f"nvshmem4py-cu13 nvshmem4py-cu12 (the CUDA 12 package); torchvision +cu126 from {torch_index} (its +cu126 build sorts above the registry's)\n") in out
     lines = {ln.split()[0]: ln for ln in out.splitlines() if ln.startswith("  ")}
     assert lines["torch==2.14.1+cu126"].endswith(f"wheel       cu126 from {torch_index}")
     assert lines["torchvision==0.29.1+cu126"].endswith(f"cu126 from {torch_index}")

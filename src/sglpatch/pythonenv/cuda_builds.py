@@ -174,7 +174,9 @@ def select(project: Path, reqs: list[str], cuda: tuple[int, int]) -> Selection:
                 indexes.append(index)
         elif entry and entry.follows and entry.follows in tags:
             index = entry.index.replace("{tag}", tags[entry.follows])
-            chosen[name] = f"+{tags[entry.follows]} from {index} (the first index that has it)"
+            # resolved like pip, the best version from any index (pip_config.uv_args): the +cuXYZ build
+            # sorts above the registry's same release, and the pinned torch+cuXYZ rules out the others
+            chosen[name] = f"+{tags[entry.follows]} from {index} (its +{tags[entry.follows]} build sorts above the registry's)"
             out.append(req)
         elif "cu13" in [x.strip() for x in extras.strip("[]").split(",")] and name in table.extra:
             rest = [x.strip() for x in extras.strip("[]").split(",") if x.strip() and x.strip() != "cu13"]

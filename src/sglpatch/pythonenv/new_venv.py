@@ -4,7 +4,10 @@ the patched tree (editable, --no-deps). No other environment is touched.
 
 The install plan comes from the installer's own resolver (``uv pip compile --format
 pylock.toml`` when uv is found, else ``pip install --dry-run --report``) for the interpreter
-the venv is made from; the venv then receives exactly that plan. The preflight
+the venv is made from; the venv then receives exactly that plan. uv is handed the user's pip
+configuration (index, extra indexes, find-links, constraints, no-index) with the tool's own
+indexes in both calls, compile and install, from the one translation
+(sglpatch.pythonenv.pip_config.uv_args: what wins is said there); pip reads its own. The preflight
 (sglpatch.pythonenv.preflight) reads the plan before anything is created. ``--cuda 12.N`` resolves the
 CUDA 12 builds instead (sglpatch.pythonenv.cuda_builds: the rewritten requirements and their indexes).
 """
@@ -25,7 +28,7 @@ from urllib.parse import unquote, urlparse
 
 from sglpatch import redact
 from sglpatch.upstream import artifacts
-from sglpatch.pythonenv import cuda_builds as cudavariant, flashinfer_set, preflight
+from sglpatch.pythonenv import cuda_builds as cudavariant, flashinfer_set, pip_config, preflight
 from sglpatch import toml
 from sglpatch.errors import SglpatchError, say
 from sglpatch.fsutil import crashpoint, private_tmpdir
@@ -93,6 +96,16 @@ class Plan:
     packages: list[Package] = field(default_factory=list)
     lockfile: Path | None = None  # what the venv is installed from
     indexes: list[str] = field(default_factory=list)  # extra indexes (--cuda: the CUDA 12 builds')
+    pip_conf: dict[str, list[str]] = field(default_factory=dict)  # the user's pip configuration, read once (uv gets it)
+
+    def uv_args(self, constraints: bool = True) -> list[str]:
+        """The options uv gets in both calls: pip's configuration and the tool's indexes (pip_config.uv_args)."""
+        return pip_config.uv_args(self.pip_conf, self.indexes, constraints)
+
+    @property
+    def sources(self) -> str:
+        """Where packages come from, credentials masked."""
+        return pip_config.describe(self.pip_conf, self.indexes)
 
     @property
     def download_bytes(self) -> int:
@@ -146,8 +159,9 @@ def _extra_indexes(indexes: list[str]) -> list[str]:
 
 
 def resolve(reqs: list[str], python: str, installer: str, tmp: Path, indexes: list[str] = ()) -> tuple[Plan, str | None]:
-    """The installer's own resolution of reqs for python (indexes: searched before the default
-    one; uv takes a package from the first index that has it); (plan, None) or (empty plan, error line)."""
+    """The installer's own resolution of reqs for python (indexes: the tool's extra indexes, searched
+    with the user's, the best version from any, as pip chooses; uv as pip_config.uv_args hands them
+    on); (plan, None) or (empty plan, error line)."""
     req_file = tmp / "requirements.txt"
     req_file.write_text("\n".join(reqs) + "\n")
     uv = find_uv() if installer in ("auto", "uv") else None
@@ -155,14 +169,15 @@ def resolve(reqs: list[str], python: str, installer: str, tmp: Path, indexes: li
         raise SglpatchError("--installer uv: uv not found on PATH or in ~/.local/bin")
     pins = {norm(_REQ.match(r).group(1)) for r in reqs if pinned_version(r)}
     version = python_version(python)
+    conf = pip_config.config()
     if uv:
         out = tmp / "pylock.toml"
-        cmd = [uv, "pip", "compile", "-q", str(req_file), "--python", python, "--format", "pylock.toml", *_extra_indexes(indexes), "-o", str(out)]
-        plan = Plan("uv", python, version, redact.shown(cmd[:4] + ["requirements.txt"] + cmd[5:-1] + ["pylock.toml"]), lockfile=out,
-                    indexes=list(indexes))
+        plan = Plan("uv", python, version, "", lockfile=out, indexes=list(indexes), pip_conf=conf)
+        cmd = [uv, "pip", "compile", "-q", str(req_file), "--python", python, "--format", "pylock.toml", *plan.uv_args(), "-o", str(out)]
+        plan.command = redact.shown(cmd[:4] + ["requirements.txt"] + cmd[5:-1] + ["pylock.toml"])
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0:
-            return plan, _one_line(proc.stderr or proc.stdout)
+            return plan, redact.url(_one_line(proc.stderr or proc.stdout))
         for p in toml.loads(out.read_text())["packages"]:
             wheels = p.get("wheels") or []
             sizes = [_size(w) for w in wheels] if wheels else [_size(p.get("sdist") or {})]
@@ -175,10 +190,10 @@ def resolve(reqs: list[str], python: str, installer: str, tmp: Path, indexes: li
     cmd = [python, "-m", "pip", "install", "--dry-run", "--ignore-installed", "-q", *_extra_indexes(indexes), "--report", str(report),
            "-r", str(req_file)]
     plan = Plan("pip", python, version, redact.shown(cmd[:-4] + ["--report", "report.json", "-r", "requirements.txt"]),
-                indexes=list(indexes))
+                indexes=list(indexes), pip_conf=conf)
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
-        return plan, _one_line(proc.stderr or proc.stdout)
+        return plan, redact.url(_one_line(proc.stderr or proc.stdout))
     for item in json.loads(report.read_text())["install"]:
         meta, url = item["metadata"], item["download_info"]["url"]
         name = norm(meta["name"])
@@ -272,6 +287,8 @@ def installed_versions(python: str) -> dict[str, str]:
 def report(prep: Prepared, full: bool) -> None:
     plan = prep.plan
     print(f"plan: {len(plan.packages)} packages for Python {plan.python_version} ({plan.python}), resolved by: {plan.command}")
+    how = "handed to uv as the options above" if plan.installer == "uv" else "pip reads it itself"
+    print(f"plan: packages from: {plan.sources} (your pip configuration, {how})")
     for note in prep.notes:
         print(f"plan: override: {note}")
     if prep.cuda:
@@ -315,8 +332,8 @@ def create(prep: Prepared, base_python: str) -> None:
     if subprocess.run(make).returncode != 0:
         raise SglpatchError(f"creating the venv {venv_dir} failed (see above); nothing else was changed")
     crashpoint("venv:created")
-    if uv:
-        cmd = [uv, "pip", "install", "--python", str(prep.python), "-r", str(plan.lockfile)]
+    if uv:  # the resolution's sources again: the lock's URLs carry no credentials, the index options do
+        cmd = [uv, "pip", "install", "--python", str(prep.python), *plan.uv_args(constraints=False), "-r", str(plan.lockfile)]
     else:
         cmd = [str(prep.python), "-m", "pip", "install", "--no-deps", "--disable-pip-version-check", *_extra_indexes(plan.indexes),
                "-r", str(plan.lockfile)]

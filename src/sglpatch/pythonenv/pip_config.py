@@ -2,8 +2,10 @@
 existing Python, shown before anything is installed.
 
 pip reads its configuration itself (pip.conf, PIP_* variables). uv does not: its indexes,
-find-links, constraints and no-index setting are handed to uv as options (``uv_args``), as
-scripts/test.sh does for the test venvs. The plan is pip's own resolution with that
+find-links, constraints and no-index setting are handed to uv as options (``uv_args``, the one
+translation: the flashinfer set's installs, ``apply --venv``'s resolution and install, and
+scripts/test.sh for the test venvs), together with the tool's own indexes where pip's
+configuration lets pip search them (``uv_args``' docstring says what wins). The plan is pip's own resolution with that
 configuration (``pip --python P install --dry-run --report``: what pip, set up as the user set it
 up, would add or change in P), each file's size from the file or the index's answer to a HEAD
 request. Installing it exactly (``--no-deps``, the planned pins) makes uv install what pip chose.
@@ -13,20 +15,22 @@ Torch is never installed or upgraded here: a plan that would is refused in one l
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import urllib.parse
 import urllib.request
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from sglpatch import redact
 from sglpatch.errors import SglpatchError
 from sglpatch.pythonenv.interpreter import norm_name as norm
 from sglpatch.upstream import pkgindex
 
 NEVER = ("torch",)  # an install into the serving Python never installs or upgrades these
-_UV = {"index-url": "--index-url", "extra-index-url": "--extra-index-url", "find-links": "--find-links", "constraint": "--constraints"}
 
 
 def pip_cmd(python: str) -> list[str]:
@@ -42,18 +46,56 @@ def config() -> dict[str, list[str]]:
     return pkgindex.pip_settings("install")
 
 
-def uv_args(conf: dict[str, list[str]] | None = None) -> list[str]:
-    """pip's configuration as uv options (uv reads none of it), choosing like pip among indexes."""
+def no_index(conf: dict[str, list[str]]) -> bool:
+    """pip's no-index setting (PIP_NO_INDEX=1, ``no-index = true`` in pip.conf)."""
+    return (conf.get("no-index") or ["0"])[-1].strip().lower() in ("1", "true", "yes", "on", "y", "t")
+
+
+def _local(value: str) -> str:
+    """A find-links or constraint value as uv must get it: a path made absolute (pip reads it from
+    the directory the tool was started in; uv may run elsewhere, e.g. cwd=/), a URL as it is."""
+    return value if "://" in value else os.path.abspath(os.path.expanduser(value))
+
+
+def uv_args(conf: dict[str, list[str]] | None = None, indexes: Sequence[str] = (), constraints: bool = True) -> list[str]:
+    """pip's configuration as uv options (uv reads none of it), choosing like pip among indexes
+    (the best version from any of them); indexes: the tool's own extra indexes (``apply --venv
+    --cuda``'s deps/cuda12.toml, the flashinfer set's), which pip would get as --extra-index-url.
+
+    What wins, as for pip with those indexes on its command line:
+    - the user's index-url replaces uv's default index (PyPI), as it replaces pip's: given as
+      --default-index, which (unlike uv's --index-url) also wins over a UV_DEFAULT_INDEX;
+    - the tool's indexes are extra indexes next to the user's extra-index-url ones (listed first:
+      uv takes a tie from the first index), every one searched, none replacing the user's;
+    - the user's no-index wins over every index, the tool's included: pip's --no-index ignores the
+      --extra-index-url on its own command line too, so only find-links (and constraints) are handed
+      over, and a --cuda build must then lie in a find-links folder;
+    - find-links and constraints always apply; constraints=False leaves the constraints out for an
+      install from a resolved lock (pylock.toml: uv refuses constraints there, the lock obeyed them).
+    Where pip's configuration says nothing, uv's own (UV_*, uv.toml) stays in force."""
     conf = config() if conf is None else conf
-    args = [a for name, opt in _UV.items() for v in conf.get(name, []) for a in (opt, v)]
-    if conf.get("no-index", ["0"])[-1].lower() in ("1", "true", "yes", "on"):
+    offline = no_index(conf)
+    args = [] if offline else [a for v in conf.get("index-url", [])[-1:] for a in ("--default-index", v)]
+    if not offline:
+        args += [a for v in [*indexes, *conf.get("extra-index-url", [])] for a in ("--extra-index-url", v)]
+    args += [a for v in conf.get("find-links", []) for a in ("--find-links", _local(v))]
+    if constraints:
+        args += [a for v in conf.get("constraint", []) for a in ("--constraints", _local(v))]
+    if offline:
         args.append("--no-index")
     return args + ["--index-strategy", "unsafe-best-match"]
 
 
-def describe(conf: dict[str, list[str]]) -> str:
-    parts = [f"{name} {' '.join(conf[name])}" for name in ("index-url", "extra-index-url", "find-links", "constraint") if conf.get(name)]
-    return "; ".join(parts) if parts else "pip's defaults"
+def describe(conf: dict[str, list[str]], indexes: Sequence[str] = ()) -> str:
+    """Where packages come from, as uv_args hands it on (credentials masked)."""
+    offline = no_index(conf)
+    names = ("find-links", "constraint") if offline else ("index-url", "extra-index-url", "find-links", "constraint")
+    parts = [f"{name} {' '.join(conf[name])}" for name in names if conf.get(name)]
+    if offline:
+        parts.append("no-index (no index searched" + (f", not the tool's {' '.join(indexes)} either)" if indexes else ")"))
+    elif indexes:
+        parts.append(f"the tool's extra-index-url {' '.join(indexes)}")
+    return redact.url("; ".join(parts) if parts else "pip's defaults")
 
 
 @dataclass
@@ -142,8 +184,8 @@ def refuse_never(p: InstallPlan, what: str, why: str) -> None:
 def install_cmd(python: str, uv: str | None, pins: list[str], extra_index: str = "") -> list[str]:
     """The command that installs exactly pins (a plan's: --no-deps) into python with the user's
     configuration: uv gets pip's as options, pip reads its own."""
-    extra = ["--extra-index-url", extra_index] if extra_index else []
     if uv:
-        return [uv, "pip", "install", "--python", python, *uv_args(), *extra, "--no-deps", *pins]
+        return [uv, "pip", "install", "--python", python, *uv_args(indexes=[extra_index] if extra_index else []), "--no-deps", *pins]
+    extra = ["--extra-index-url", extra_index] if extra_index else []
     return [*pip_cmd(python), "install", "--disable-pip-version-check", *extra, "--no-deps", *pins]
 
