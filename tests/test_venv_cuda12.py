@@ -199,3 +199,30 @@ def test_cuda_values_and_table_urls_are_validated(cuda_env):
         proc = apply_dry_run(cuda_env, ["torch==2.14.1"], "--cuda", "12.8")
         assert proc.returncode == 1 and "deps/cuda12.toml: local.torch.index" in proc.stderr and "plan:" not in proc.stdout, proc.stderr
 
+
+
+def test_the_users_no_index_wins_over_the_cuda12_indexes_a_find_links_build_is_taken(cuda_env):
+    """Issue 52, what wins: pip's no-index (PIP_NO_INDEX) turns every index off, the tool's CUDA 12 ones
+    included, as pip's --no-index ignores the --extra-index-url on its own command line; uv is told so
+    (--no-index, no index handed) and the plan says it. The user's extra index is searched with the
+    tool's (they stand side by side); with no-index the CUDA 12 build must lie in a find-links folder."""
+    tool(cuda_env["fake"], "nvidia-smi", "570.133.20, 9.0")
+    torch_index = f"{cuda_env['url']}/pytorch/cu126"
+    extra = f"file://{cuda_env['tmp'] / 'emptyindex'}"
+    cuda_env["env"]["PIP_EXTRA_INDEX_URL"] = extra
+    proc = apply_dry_run(cuda_env, ["torch==2.14.1"], "--cuda", "12.8")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"--extra-index-url {torch_index} --extra-index-url {extra} " in proc.stdout  # the tool's first, the user's kept
+    assert f"; the tool's extra-index-url {torch_index} (your pip configuration, handed to uv" in proc.stdout
+    cuda_env["env"]["PIP_NO_INDEX"] = "1"
+    proc = apply_dry_run(cuda_env, ["torch==2.14.1"], "--cuda", "12.8")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    (resolved,) = [ln for ln in proc.stdout.splitlines() if "resolved by: " in ln]
+    assert "--no-index" in resolved and "index-url" not in resolved and "--default-index" not in resolved, resolved
+    assert f"no-index (no index searched, not the tool's {torch_index} either)" in proc.stdout
+    (line,) = fails(proc)
+    assert line.startswith("preflight: FAIL python: ") and "torch==2.14.1+cu126" in line, line
+    shutil.copy(next((cuda_env["web"] / "pytorch" / "cu126" / "torch").glob("torch-2.14.1+cu126-*.whl")), cuda_env["index"])
+    proc = apply_dry_run(cuda_env, ["torch==2.14.1"], "--cuda", "12.8")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "  torch==2.14.1+cu126 " in proc.stdout
