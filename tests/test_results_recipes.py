@@ -43,7 +43,7 @@ TREE_FILES = (
     "python/sglang/jit_kernel/rope.py",
     "python/sglang/srt/distributed/parallel_state.py",
     "python/sglang/srt/distributed/device_communicators/pcie_ipc_allreduce.py",
-    "python/sglang/srt/distributed/device_communicators/pcie_ipc_tune.py",
+    "python/sglang/srt/pcie_ipc_tune.py",
 )
 
 
@@ -185,8 +185,8 @@ if a and a[0].endswith("p5_edges_mps.py"):
     print(json.dumps({"ok": True, "ws": a[1], "stand_in": True}))
     print("stand-in probe log", file=sys.stderr)
     sys.exit(0)
-if a[:2] == ["-m", "sglang.srt.distributed.device_communicators.pcie_ipc_tune"]:
-    need(*[Path(p) / "sglang/srt/distributed/device_communicators/pcie_ipc_tune.py"
+if a[:2] == ["-m", "sglang.srt.pcie_ipc_tune"]:
+    need(*[Path(p) / "sglang/srt/pcie_ipc_tune.py"
            for p in os.environ["PYTHONPATH"].split(":") if p.endswith("/python")])
     t, rep, tp = a[a.index("--timeout") + 1], a[a.index("--report") + 1], a[a.index("--tp") + 1]
     if t == "5":

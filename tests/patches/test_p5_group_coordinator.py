@@ -70,7 +70,9 @@ class FakeWorkspace:
     def __init__(self, group, max_numel, dtype, tune_batches, tune_cache):
         if dist.get_rank() in FAIL.get("workspace", ()): fail("no IPC memory")  # before any call recorded
         self.group, self.world_size, self.max_numel, self.elem_size, self.max_blocks = group, dist.get_world_size(group), max_numel, 2, 36
+        self.profile, self.memop_supported = "rootcplx", False
         CALLS.append(["init", max_numel, str(dtype), list(tune_batches), tune_cache])
+        if os.path.isfile(tune_cache): LOADED.extend(json.load(open(tune_cache)))  # flashinfer loads the cache at its build
     def prepare(self, shapes, dtype):
         CALLS.append(["prepare", [list(s) for s in shapes], str(dtype)])
         return {s: (None if s[0] == UNRESOLVED else f"cfg{s[0]}") for s in shapes}
@@ -84,6 +86,9 @@ fi.__path__ = fcomm.__path__ = []
 far, ftun = types.ModuleType("flashinfer.comm.pcie_ipc_ar"), types.ModuleType("flashinfer.comm.pcie_ipc_tuning")
 far.PcieIpcAllReduceWorkspace, far.get_pcie_ipc_comm_module = FakeWorkspace, lambda: N(workspace_size=lambda ws, numel, elem, blocks: 2 * ws * numel * elem + 4096 * blocks)
 ftun.default_cache_path = lambda ws: os.path.join(os.environ["FI_DIR"], f"pcie_ipc_all_reduce_ws{ws}.json")
+LOADED = []  # the entries flashinfer loaded: a key holds (tune version, world size, profile, max_blocks, max_numel, dtype)
+ftun.cache_covers_workspace = lambda ws, profile, blocks, numel, memop=False: any(
+    repr((3, ws, profile, blocks, numel))[:-1] + ", " in key for key in LOADED)
 sys.modules.update({"flashinfer": fi, "flashinfer.comm": fcomm, "flashinfer.comm.pcie_ipc_ar": far, "flashinfer.comm.pcie_ipc_tuning": ftun})
 
 import sglang.srt.distributed.parallel_state as ps  # noqa: E402
@@ -185,7 +190,7 @@ def child(rank, port, outdir, case):
     whole, single = [list(range(ws))], [[r] for r in range(ws)]
     tp = coordinator(rank, "tp", whole, case.get("use_ca", False))
     comm, ca = tp.pcie_ipc_comm, tp.ca_comm
-    res = {"tp": [tp.device.index, comm.agreed, comm.disabled], "ca": ca and [type(ca).__name__, ca.disabled],
+    res = {"tp": [tp.device.index, comm and comm.agreed, comm and comm.disabled], "ca": ca and [type(ca).__name__, ca.disabled],
            "p2_env": os.environ.get("SGLANG_ENABLE_PCIE_CUSTOM_AR"), "probes": PROBES[:], "build": CALLS[:], "log_build": take()}
     if case.get("guard"):
         groups = [("attention_tp", whole), ("pp", whole), (None, whole), ("tp", single)]
@@ -200,7 +205,8 @@ def child(rank, port, outdir, case):
     mr = N(server_args=args, req_to_token_pool=N(size=6), model_config=N(hidden_size=H))
     runner, n = N(model_runner=mr, num_tokens_per_bs=TOKENS), len(CALLS)
     CGR_NS["capture_hook"](runner, mr)
-    res.update(capture_bs=runner.capture_bs, served=[comm.disabled, comm.max_numel, comm.hidden, list(comm.buckets), comm.tune_cache],
+    res.update(capture_bs=runner.capture_bs,
+               served=comm and [comm.disabled, comm.max_numel, comm.hidden, list(comm.buckets), comm.tune_cache],
                serve_calls=CALLS[n:], log_serve=take())
     if case.get("eager"):
         res["eager"] = dispatch(tp, case["eager"])
@@ -222,13 +228,15 @@ def child(rank, port, outdir, case):
 
 matrix = lambda ws, missing=(), full=False: [[full or s == d or (s in DEVICES[:ws] and d in DEVICES[:ws] and (s, d) not in missing)
                                              for d in range(8)] for s in range(8)]  # P2P among the group's GPUs only: 0..2 reach nothing
-def cache_dir(ws=None, rows=(3, 6, 12, 18)):
+def cache_dir(ws=None, rows=(3, 6, 12, 18), replaced=False):
     d = tempfile.mkdtemp()
-    if ws:  # a tuned cache and the key it was made for
+    if ws:  # a tuned cache (flashinfer's entries for its workspace) and the key it was made for
         path = os.path.join(d, f"sglang_pcie_ipc_ws{ws}.json")
-        open(path, "w").write("{}")
+        cache = json.dumps({str(("op", "runner", ((r, H),), (3, ws, "rootcplx", 36, rows[-1] * H, "torch.bfloat16"))): 0
+                            for r in rows}).encode()
+        open(path, "wb").write(b'{"tuned": "by another step"}' if replaced else cache)
         json.dump({"world_size": ws, "hidden": H, "max_numel": rows[-1] * H, "buckets": list(rows), "flashinfer": FI_VERSION,
-                   "cache_sha256": hashlib.sha256(b"{}").hexdigest()}, open(path + ".key", "w"))  # the key names its cache
+                   "cache_sha256": hashlib.sha256(cache).hexdigest()}, open(path + ".key", "w"))  # the key names its cache
     return d
 ON = lambda **kw: dict(SGLANG_ENABLE_PCIE_IPC_ALLREDUCE="1", FI_DIR=cache_dir(), **kw)
 EAGER = ["3", "6", "7", "12", "18", "19", "fp16", "fp32", "hidden4096", "strided", "1d"]
@@ -243,6 +251,12 @@ CASES["tune_one_rank4"] = dict(ws=4, matrix=matrix(4), env=ON(), env_rank={"1": 
 CASES["tune_unknown4"] = dict(ws=4, matrix=matrix(4), env=ON(), env_rank={"2": dict(SGLANG_PCIE_IPC_TUNE="fast")})
 CASES["tune_other_key4"] = dict(ws=4, matrix=matrix(4), env=dict(ON(SGLANG_PCIE_IPC_TUNE="cache"), FI_DIR=cache_dir(4, (3, 6, 12, 24))))
 CASES["tune_match2"] = dict(ws=2, matrix=matrix(2), env=dict(ON(SGLANG_PCIE_IPC_TUNE="cache"), FI_DIR=cache_dir(2)))
+# every rank asks for the cache, but it appeared, or was replaced, between the ranks' checks: the same policy, other states
+CASES["tune_race4"] = dict(ws=4, matrix=matrix(4), env=dict(ON(SGLANG_PCIE_IPC_TUNE="cache"), FI_DIR=cache_dir(4)),
+                           env_rank={"2": dict(FI_DIR=cache_dir(4, replaced=True)), "3": dict(FI_DIR=cache_dir())})
+# P2-only users: P5's switch unset, P2's on at TP 4: custom allreduce built as before, not a word about P5
+CASES["p2_only4"] = dict(ws=4, matrix=matrix(4, full=True), use_ca=True,
+                         env=dict(SGLANG_ENABLE_PCIE_CUSTOM_AR="1", FI_DIR=cache_dir()))
 CASES["numel_rounded2"] = dict(ws=2, matrix=matrix(2), eager=["18", "19"], captured=["19"], env=ON(SGLANG_PCIE_IPC_MAX_NUMEL=str(7169 * 20)))
 BELOW = dict(ws=4, matrix=matrix(4), eager=["3"], captured=["3"], env_rank={"2": dict(SGLANG_PCIE_IPC_MAX_NUMEL="7000")})  # serve() fails
 CASES["numel_below_row4"] = dict(BELOW, env=ON())
@@ -293,7 +307,7 @@ P2_IGNORED = ["WARNING", "pcie_ipc_allreduce", "SGLANG_ENABLE_PCIE_CUSTOM_AR=1 i
 
 def serving_line(ws, numel=NUMEL, buckets=ROWS, why="widest captured reduction 18 rows", policy="seed", extra=""):
     mib = (2 * ws * numel * 2 + 4096 * 36) / (1 << 20)  # the stand-in's workspace_size
-    step = (f"python -m sglang.srt.distributed.device_communicators.pcie_ipc_tune --tp {ws} --hidden {H} "
+    step = (f"python -m sglang.srt.pcie_ipc_tune --tp {ws} --hidden {H} "
             f"--rows {','.join(map(str, buckets))}{extra} --pin-clocks MHZ")
     return ["INFO", "pcie_ipc_allreduce", f"PCIe-IPC allreduce on {ws} GPUs: workspace {mib:.1f} MiB per GPU, bf16 reductions "
             f"up to {numel} elements ({numel // H} rows of {H}, {why}); buckets {buckets}; {policy} launch configurations "
@@ -413,7 +427,7 @@ def test_every_rank_builds_with_the_agreed_tune_decision(result, case):
     path = f"{result['fi_dirs'][case]}/sglang_pcie_ipc_ws{ws}.json"
     key = "{'world_size': 4, 'hidden': 7168, 'max_numel': %d, 'buckets': %s, 'flashinfer': %r}"
     made, want = key % (24 * H, [3, 6, 12, 24], result["fi_version"]), key % (NUMEL, ROWS, result["fi_version"])
-    step = "python -m sglang.srt.distributed.device_communicators.pcie_ipc_tune --tp 4 --hidden 7168 --rows 3,6,12,18 --pin-clocks MHZ"
+    step = "python -m sglang.srt.pcie_ipc_tune --tp 4 --hidden 7168 --rows 3,6,12,18 --pin-clocks MHZ"
     warning = {  # rank: its one warning
         "tune_one_rank4": dict.fromkeys(range(4), "PCIe-IPC allreduce: the ranks see different tune caches ([('cache', 'match'), "
                                         "('seed', 'absent')]); every rank runs the seed configurations."),
@@ -448,3 +462,29 @@ def test_pcie_ipc_failing_at_serve_names_the_lost_custom_allreduce_and_then_the_
         assert r["served"] == [True, 0, 0, [], DEVNULL if built else None] and r["p2_env"] == ("1" if lost else None)
         assert r["serve_calls"] == [["init", NUMEL, "torch.bfloat16", ROWS, DEVNULL]] * (rank in built)
         assert r["eager"] == r["capture"] == {"3": nccl(4)} and r["log_rest"] == []  # reductions on the next backend; none named later
+
+
+def test_ranks_that_all_ask_for_the_cache_but_see_it_differently_run_the_seed(result):
+    """The race the agreed decision exists for: SGLANG_PCIE_IPC_TUNE=cache on every rank, while the cache
+    appears (rank 3 saw none) or is replaced (rank 2's key names other bytes) between the ranks' checks."""
+    for rank, r in enumerate(ranks(result, "tune_race4")):
+        assert r["served"] == [False, NUMEL, H, ROWS, DEVNULL] and r["serve_calls"] == [["init", NUMEL, "torch.bfloat16", ROWS, DEVNULL]]
+        w = [line for line in r["log_serve"] if line[0] == "WARNING"]
+        assert len(w) == 1 and w[0][2].startswith("PCIe-IPC allreduce: the ranks see different tune caches ([('cache', ")
+        assert "('cache', 'absent')" in w[0][2] and "('cache', 'match')" in w[0][2]
+        assert "was written for another cache (sha256 differs" in w[0][2]
+        assert w[0][2].endswith("every rank runs the seed configurations.")
+        info = [line for line in r["log_serve"] if line[:2] == ["INFO", "pcie_ipc_allreduce"]]
+        assert info == on0(rank, serving_line(4, policy="seed"), decode_line("PCIe-IPC", 4))
+
+
+def test_p2_only_users_get_custom_allreduce_as_before_and_no_word_of_p5(result):
+    p2_on = ["INFO", "custom_all_reduce", "Custom allreduce on 4 PCIe-only GPUs for tensors up to 65536 bytes (default; server "
+             "settings unknown: Global server args is not set yet!), NCCL above."]
+    for rank, r in enumerate(ranks(result, "p2_only4")):
+        assert r["tp"] == [DEVICES[rank], None, None] and r["served"] is None  # no PCIe-IPC object at all
+        assert r["ca"] == ["CustomAllreduce", False] and r["build"] == p2_built(rank, True)  # P2's IPC buffers and kernel
+        assert r["p2_env"] == "1" and r["probes"] == [["check", rank, k] for k in range(4) if k != rank]
+        logs = r["log_build"] + r["log_serve"] + r["log_rest"]
+        assert not [line for line in logs if "PCIE_IPC" in line[2] or "PCIe-IPC" in line[2]], logs
+        assert r["log_build"] == [p2_on] + on0(rank, decode_line("custom allreduce", 4))

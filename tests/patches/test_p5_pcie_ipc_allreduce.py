@@ -19,11 +19,11 @@ import pytest
 from forked_ranks import RANK_RUNNER
 
 CODE = r"""
-import contextlib, datetime, io, json, logging, os, signal, socket, sys, tempfile, time, types
+import contextlib, dataclasses, datetime, io, json, logging, os, signal, socket, sys, tempfile, time, types
 import torch
 import torch.distributed as dist
 import sglang.srt.distributed.device_communicators.pcie_ipc_allreduce as m
-import sglang.srt.distributed.device_communicators.pcie_ipc_tune as tune
+import sglang.srt.pcie_ipc_tune as tune
 import sglang.srt.server_args as sa
 from sglang.srt.environ import envs
 
@@ -59,6 +59,14 @@ m.pcie_ipc_tune_policy("auto"); m.logger.removeHandler(h)
 pol["auto_again"] = cap.getvalue()  # once per process
 out["policy"] = pol
 
+def fake_file_key(op, runner, shapes, config, extras):  # flashinfer's autotuner's on-disk key
+    return types.SimpleNamespace(file_key=str((op, type(runner).__name__, shapes, extras)))
+def fake_extras(world_size, profile, max_blocks, max_numel, dtype, memop=False):
+    return (3, world_size, profile, max_blocks, max_numel, str(dtype))
+class FakeRunner:
+    def __init__(self, workspace):
+        self.ws = workspace
+LOADED = []  # flashinfer's loaded cache entries (its autotuner's _file_configs)
 class FakeWorkspace:  # flashinfer.comm.pcie_ipc_ar.PcieIpcAllReduceWorkspace needs CUDA
     calls = []; fail = False
     def __init__(self, group, max_numel, dtype, tune_batches, tune_cache):
@@ -66,6 +74,9 @@ class FakeWorkspace:  # flashinfer.comm.pcie_ipc_ar.PcieIpcAllReduceWorkspace ne
         if FakeWorkspace.fail:
             raise RuntimeError("cudaIpcOpenMemHandle failed")
         self.world_size, self.max_numel, self.elem_size, self.max_blocks = dist.get_world_size(group), max_numel, 2, 36
+        self.profile, self.memop_supported, self.dtype, self.tune_batches = "rootcplx", False, dtype, tune_batches
+        if os.path.isfile(tune_cache):  # flashinfer loads the cache at its build
+            LOADED.extend(json.load(open(tune_cache)))
     def prepare(self, shapes, dtype):
         FakeWorkspace.calls.append(["prepare", [list(s) for s in shapes]])
         return {s: (None if s[0] == 6 else object()) for s in shapes}
@@ -78,8 +89,14 @@ class FakeWorkspace:  # flashinfer.comm.pcie_ipc_ar.PcieIpcAllReduceWorkspace ne
         return inp + 1
     def tune(self, hiddens, cache, tune_group):
         FakeWorkspace.calls.append(["tune", hiddens, cache])
-        if dist.get_rank(tune_group) == 0:  # flashinfer: rank 0 saves the configs
-            open(cache, "w").write("{}")
+        if os.environ.get("FAKE_TUNE") == "fail":  # on every rank, as flashinfer's collective checks fail
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+        if dist.get_rank(tune_group) == 0:  # flashinfer: rank 0 saves the configs, an entry per measured bucket
+            cover = os.environ.get("FAKE_COVER", "all")
+            rows = self.tune_batches if cover == "all" else [int(r) for r in cover.split(",") if r]
+            extras = fake_extras(self.world_size, self.profile, self.max_blocks, self.max_numel, self.dtype)
+            json.dump({fake_file_key("flashinfer::pcie_ipc_all_reduce", FakeRunner(self), ((r, hiddens[0]),), None,
+                                     extras).file_key: [0, [1, 8, 512]] for r in rows}, open(cache, "w"))
         return {}
     def destroy(self):
         FakeWorkspace.calls.append(["destroy"])
@@ -92,8 +109,14 @@ def install_fake_flashinfer():
         workspace_size=lambda ws, numel, elem, blocks: ws * numel * elem * 2 + blocks * 4096)
     tun = types.ModuleType("flashinfer.comm.pcie_ipc_tuning")
     tun.default_cache_path = lambda ws: f"{CACHE_DIR}/pcie_ipc_all_reduce_ws{ws}.json"
+    tun.PCIE_IPC_CUSTOM_OP, tun.PcieIpcAllReduceRunner = "flashinfer::pcie_ipc_all_reduce", FakeRunner
+    tun.cache_key_extras, tun.pcie_ipc_tuning_config = fake_extras, lambda batches: batches
+    tun.cache_covers_workspace = lambda ws, profile, blocks, numel, memop=False: any(
+        repr((3, ws, profile, blocks, numel))[:-1] + ", " in key for key in LOADED)
+    auto = types.ModuleType("flashinfer.autotuner")
+    auto.AutoTuner = types.SimpleNamespace(_get_cache_key=fake_file_key)
     sys.modules.update({"flashinfer": fi, "flashinfer.comm": comm, "flashinfer.comm.pcie_ipc_ar": ar,
-                        "flashinfer.comm.pcie_ipc_tuning": tun})
+                        "flashinfer.comm.pcie_ipc_tuning": tun, "flashinfer.autotuner": auto})
 install_fake_flashinfer()
 out["blocker"] = {str(ws): B(ws) for ws in (1, 2, 3, 4, 6, 8, 16)}
 out["blocker_cpu"] = B(8, cuda=False)
@@ -198,6 +221,7 @@ def child(rank, port, outdir, bad_rank, all_env, bad_env):
     FakeWorkspace.fail = rank == bad_rank and "FAIL" in bad_env
     sa._global_server_args = server("EAGLE3", 3)
     sa._global_server_args.disable_cuda_graph = rank == bad_rank and "NO_GRAPHS" in bad_env
+    sa._global_server_args.enable_deterministic_inference = rank == bad_rank and "DETERMINISTIC" in bad_env
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WS,
                             timeout=datetime.timedelta(seconds=30))
     cap = Capture(); m.logger.addHandler(cap); m.logger.setLevel(logging.INFO)
@@ -240,6 +264,9 @@ out["ok"] = run_case()
 out["rank2_below_row"] = run_case(2, SGLANG_PCIE_IPC_MAX_NUMEL="7000")
 out["rank1_other_width"] = run_case(1, SGLANG_PCIE_IPC_MAX_NUMEL=str(16 * 7168))
 out["rank3_no_graphs"] = run_case(3, NO_GRAPHS="1")
+out["rank1_deterministic"] = run_case(1, DETERMINISTIC="1")
+out["server_fields"] = sorted({"enable_deterministic_inference", "disable_cuda_graph"}
+                              - {f.name for f in dataclasses.fields(sa.ServerArgs)})  # the real ServerArgs' names
 out["rank1_workspace_fails"] = run_case(1, FAIL="1")
 out["rank2_tune_cache"] = run_case(2, SGLANG_PCIE_IPC_TUNE="cache")
 out["cache_absent"] = run_case(-1, {"SGLANG_PCIE_IPC_TUNE": "cache"})
@@ -252,6 +279,21 @@ out["cache_replaced"] = run_case(-1, {"SGLANG_PCIE_IPC_TUNE": "cache"})
 os.unlink(served + ".key"); os.mkfifo(served + ".key")
 out["cache_key_fifo"] = run_case(-1, {"SGLANG_PCIE_IPC_TUNE": "cache"})
 out["rank0_unknown_tune"] = run_case(0, SGLANG_PCIE_IPC_TUNE="auto")
+# an older cache for another workspace (25 rows) at the path, with its own key; then tunes at start that
+# fail, or that leave flashinfer's cache without every bucket: neither leaves a key that matches this one
+os.unlink(served + ".key")
+open(served, "w").write('{"tuned": "for 25 rows"}')
+other = m.tune_cache_key(WS, 7168, 25 * 7168, (3, 6, 12, 24, 25))
+this = m.tune_cache_key(WS, 7168, 24 * 7168, tuple(ROWS))
+open(served + ".key", "w").write(m.tune_cache_key_text(served, other))
+out["tune_fails"] = run_case(-1, {"SGLANG_PCIE_IPC_TUNE": "tune", "FAKE_TUNE": "fail"})
+out["tune_fails_state"] = [m.tune_cache_state(served, this), m.tune_cache_state(served, other)]
+out["tune_partial"] = run_case(-1, {"SGLANG_PCIE_IPC_TUNE": "tune", "FAKE_COVER": "3,6"})
+out["tune_partial_state"] = m.tune_cache_state(served, this)
+# a cache and a key that match, but flashinfer loads no entry for this workspace from it ("Saved 0 configs")
+open(served, "w").write("{}")
+open(served + ".key", "w").write(m.tune_cache_key_text(served, this))
+out["cache_loads_nothing"] = run_case(-1, {"SGLANG_PCIE_IPC_TUNE": "cache"})
 print("RESULT" + json.dumps(out))
 """
 
@@ -338,7 +380,7 @@ def test_the_key_is_read_only_from_a_small_regular_file(result, case, why):
 
 
 def test_tuning_command_is_the_workspace_s_own(result):
-    mod = "python -m sglang.srt.distributed.device_communicators.pcie_ipc_tune"
+    mod = "python -m sglang.srt.pcie_ipc_tune"
     assert result["tune_cmd"] == [
         f"{mod} --tp 8 --hidden 7168 --rows 3,6,24 --pin-clocks MHZ",
         f"{mod} --tp 4 --hidden 7168 --rows 3,10 --max-numel 71688 --pin-clocks MHZ"]
@@ -402,7 +444,7 @@ def test_every_rank_builds_and_serves_the_captured_rows(result):
     assert infos == [
         f"PCIe-IPC allreduce on 4 GPUs: workspace {size:.1f} MiB per GPU, bf16 reductions up to {NUMEL} elements "
         "(24 rows of 7168, widest captured reduction 24 rows); buckets [3, 6, 12, 24]; seed launch configurations "
-        "(SGLANG_PCIE_IPC_TUNE; the tuning step: python -m sglang.srt.distributed.device_communicators.pcie_ipc_tune"
+        "(SGLANG_PCIE_IPC_TUNE; the tuning step: python -m sglang.srt.pcie_ipc_tune"
         " --tp 4 --hidden 7168 --rows 3,6,12,24 --pin-clocks MHZ)."]
     assert ranks["1"]["log"] == []
 
@@ -411,10 +453,12 @@ def test_every_rank_builds_and_serves_the_captured_rows(result):
     ("rank2_below_row", "rank 2: SGLANG_PCIE_IPC_MAX_NUMEL=7000 is below one row of 7168", False),
     ("rank1_other_width", "the ranks disagree on the width: [", False),
     ("rank3_no_graphs", "rank 3: --disable-cuda-graph is on", False),
+    ("rank1_deterministic", "rank 1: --enable-deterministic-inference is on (its kernels pick a tactic per shape)", False),
     ("rank1_workspace_fails", "rank 1: the workspace failed: RuntimeError: cudaIpcOpenMemHandle failed", True)])
 def test_one_rank_off_turns_every_rank_off_without_a_hang(result, case, why, built):
+    assert result["server_fields"] == []  # the blockers are read by the real ServerArgs' field names
     for r in _ranks(result, case).values():
-        assert r["agreed_at_start"] != (case == "rank3_no_graphs")  # a blocker: at the group's start
+        assert r["agreed_at_start"] != (case in ("rank3_no_graphs", "rank1_deterministic"))  # a blocker: at the start
         assert r["disabled"] and not r["agreed"] and r["max_numel"] == 0
         # nobody entered the workspace's collective alone: all or none
         assert sum(call[0] == "init" for call in r["calls"]) == (1 if built else 0)
@@ -435,7 +479,7 @@ def test_a_tune_cache_one_rank_sees_is_used_by_none(result):
 
 
 def test_tune_cache_absent_tuned_matched_refused(result):
-    mod = "python -m sglang.srt.distributed.device_communicators.pcie_ipc_tune"
+    mod = "python -m sglang.srt.pcie_ipc_tune"
     for r in _ranks(result, "cache_absent").values():
         assert r["tune_cache"] == "/dev/null" and not r["disabled"]
         w = _warnings(r)
@@ -477,3 +521,38 @@ def test_an_unknown_tune_value_warns_once_and_is_seed(result):
     assert _warnings(ranks["0"]) == ["SGLANG_PCIE_IPC_TUNE='auto' is not one of 0|seed, cache, 1|tune; using the "
                                      "seed launch configurations."]
     assert _warnings(ranks["1"]) == []
+
+
+def test_a_tune_at_start_that_fails_or_misses_a_bucket_leaves_no_key_that_matches(result):
+    """Issue 52: with an older cache for another workspace at the path, a tune at start that raises, or
+    whose saved cache lacks a served bucket, writes no key: SGLANG_PCIE_IPC_TUNE=cache refuses it after."""
+    assert result["tune_fails_state"][0] != "match" and "'max_numel': 179200" in result["tune_fails_state"][0]
+    assert result["tune_fails_state"][1] == "match"  # the older cache is still its own workspace's
+    for r in _ranks(result, "tune_fails").values():
+        assert _warnings(r) == ["PCIe-IPC autotune failed (CUDA error: an illegal memory access was encountered); "
+                                "keeping the seed policy."]
+    assert result["tune_partial_state"] != "match"
+    ranks = _ranks(result, "tune_partial")
+    w = _warnings(ranks["0"])
+    assert len(w) == 1 and w[0].startswith("PCIe-IPC autotune left ") and w[0].endswith(
+        "sglang_pcie_ipc_ws4.json without every bucket (entries for [3, 6] of buckets [3, 6, 12, 24]); no key "
+        "written, so SGLANG_PCIE_IPC_TUNE=cache will not use it.")
+    assert not [m for lvl, m in ranks["0"]["log"] if "tuned" in m and "shapes into" in m]
+
+
+def test_a_cache_flashinfer_loads_nothing_from_is_named_seed(result):
+    """The hollow cache of 2026-12-06: its key matches, flashinfer loads no entry for this workspace,
+    so every shape runs the seed; the start-up line says seed, with one warning and the step to run."""
+    ranks = _ranks(result, "cache_loads_nothing")
+    for r in ranks.values():
+        assert not r["disabled"] and r["tune_cache"].endswith("/sglang_pcie_ipc_ws4.json")
+        assert r["calls"][0][-1] == r["tune_cache"]  # the workspace was built with the cache
+        w = _warnings(r)
+        assert len(w) == 1 and w[0].startswith("PCIe-IPC allreduce: flashinfer loaded no entry for this workspace "
+                                               "from ") and w[0].endswith(
+            "sglang_pcie_ipc_ws4.json; running the seed configurations. Tune again: python -m "
+            "sglang.srt.pcie_ipc_tune --tp 4 --hidden 7168 --rows 3,6,12,24 --pin-clocks MHZ")
+    info = [m for lvl, m in ranks["0"]["log"] if lvl == "INFO" and m.startswith("PCIe-IPC allreduce on 4 GPUs")]
+    assert len(info) == 1 and "; seed launch configurations (SGLANG_PCIE_IPC_TUNE;" in info[0]
+    match = [m for lvl, m in _ranks(result, "cache_match")["0"]["log"] if m.startswith("PCIe-IPC allreduce on")]
+    assert len(match) == 1 and "; cache launch configurations (SGLANG_PCIE_IPC_TUNE;" in match[0]

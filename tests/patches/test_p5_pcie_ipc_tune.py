@@ -1,19 +1,23 @@
-"""P5's tuning step (``python -m sglang.srt.distributed.device_communicators.pcie_ipc_tune``):
+"""P5's tuning step (``python -m sglang.srt.pcie_ipc_tune``):
 one line and the right exit code, and a failure writes nothing.
 
 Its real ``main`` runs in the patched venv and starts its real ranks (spawned processes on a
-real gloo group). Stand-ins only for what needs a GPU or root, from a folder put first on
-PYTHONPATH and PATH: flashinfer's ``PcieIpcAllReduceWorkspace`` (a gloo barrier for its
-collectives; told by STANDIN_TUNE to fail, die or hang in ``tune()`` on one rank) and its cache
-folder; torch.cuda's device queries (set by the test in the parent), ``set_device``, ``Event`` and
-a CUDA ``randn`` (sitecustomize.py, in the ranks); and ``nvidia-smi``, a script that logs its
-calls. The read-only cache folder is read-only for an unprivileged user (the test drops to
-nobody when it runs as root, for whom no mode bit is read-only).
+real gloo group), which build the workspace through the server's own ``build_workspace`` and check
+the saved cache with its ``tuned_buckets``. Stand-ins only for what needs a GPU or root, from a
+folder put first on PYTHONPATH and PATH: flashinfer's ``PcieIpcAllReduceWorkspace`` (records its
+arguments; a gloo barrier for its collectives; told by STANDIN_TUNE to fail, die or hang in
+``tune()`` on one rank, while the others spin as a rank does in an IPC kernel whose peer is gone,
+with no timeout; STANDIN_COVER: which buckets its saved cache holds an entry for), the names of its
+autotuner and tuning module that ``tuned_buckets`` keys entries with (their key format: the real
+one is checked against flashinfer 0.7.2 in test_p5_flashinfer_real.py) and its cache folder;
+torch.cuda's device queries (set by the test in the parent), ``set_device``, ``Event`` and a CUDA
+``randn`` (sitecustomize.py, in the ranks); and ``nvidia-smi``, a script that logs its calls. The
+read-only cache folder is read-only for an unprivileged user (the test drops to nobody when it
+runs as root, for whom no mode bit is read-only).
 
-Without torch: upstream 0.5.9's ``sglang/srt/distributed/__init__.py`` imports torch, so
-``python -m`` of any module under it fails there first, before the step's own code. The
-step's own part (``--help``, the usage errors and its torch check) is run with that package's
-``__init__`` stood in and torch made unimportable.
+Without torch: the step is ``sglang.srt.pcie_ipc_tune``, outside ``sglang.srt.distributed`` (whose
+``__init__`` imports torch): ``python -m`` of it runs in a fresh process where torch does not
+import (``--help``, the usage errors, its torch check).
 """
 
 from __future__ import annotations
@@ -49,17 +53,38 @@ if os.environ.get("STANDIN_CUDA") == "1":  # a rank: what needs a GPU, on the CP
     "flashinfer/comm/__init__.py": "",
     "flashinfer/comm/pcie_ipc_tuning.py": r'''
 import os
+PCIE_IPC_CUSTOM_OP = "flashinfer::pcie_ipc_all_reduce"
 def default_cache_path(world_size):
     return os.path.join(os.environ["STANDIN_CACHE_DIR"], f"pcie_ipc_all_reduce_ws{world_size}.json")
+class PcieIpcAllReduceRunner:
+    def __init__(self, workspace):
+        self._ws = workspace
+def cache_key_extras(world_size, profile, max_blocks, max_numel, dtype, memop_supported=False):
+    return (3, world_size, profile, max_blocks, max_numel, str(dtype))
+def pcie_ipc_tuning_config(batches):
+    return batches
+''',
+    "flashinfer/autotuner.py": r'''
+import types
+class AutoTuner:
+    @classmethod
+    def _get_cache_key(cls, op, runner, shapes, config, extras):
+        return types.SimpleNamespace(file_key=str((op, type(runner).__name__, shapes, extras)))
 ''',
     "flashinfer/comm/pcie_ipc_ar.py": r'''
 import json, os, signal, time
 import torch.distributed as dist
 
 class PcieIpcAllReduceWorkspace:
-    def __init__(self, group, max_numel, tune_batches, tune_cache):
-        self.rank = dist.get_rank(group)
-        with open(os.path.join(os.environ["STANDIN_LOG"], f"{self.rank}.pid"), "w") as f:
+    def __init__(self, group, max_numel, dtype, tune_batches, tune_cache):
+        self.rank, self.world_size = dist.get_rank(group), dist.get_world_size(group)
+        self.max_numel, self.max_blocks, self.profile, self.memop_supported = max_numel, 36, "rootcplx", False
+        self.dtype, self.tune_batches = dtype, tune_batches
+        log = os.environ["STANDIN_LOG"]
+        with open(os.path.join(log, f"{self.rank}.init.json"), "w") as f:
+            json.dump({"max_numel": max_numel, "dtype": str(dtype), "tune_batches": list(tune_batches),
+                       "tune_cache": tune_cache}, f)
+        with open(os.path.join(log, f"{self.rank}.pid"), "w") as f:
             f.write(str(os.getpid()))
         dist.barrier(group)
     def launch_config(self, inp):
@@ -74,12 +99,21 @@ class PcieIpcAllReduceWorkspace:
             raise RuntimeError("CUDA error: an illegal memory access was encountered")
         if how == f"die{self.rank}":
             os.kill(os.getpid(), signal.SIGKILL)
-        if how == "hang":
-            time.sleep(90)
-        dist.barrier(tune_group)  # the others wait here for a rank that failed
-        if self.rank == 0:  # flashinfer: rank 0 saves the configs
+        if how == "hang" or how[:4] in ("fail", "die"):
+            time.sleep(90)  # in a kernel that waits for a peer: no timeout, no error
+        dist.barrier(tune_group)
+        if self.rank == 0:  # flashinfer: rank 0 saves the configs, an entry per bucket it measured
+            from flashinfer.autotuner import AutoTuner
+            from flashinfer.comm.pcie_ipc_tuning import (PCIE_IPC_CUSTOM_OP, PcieIpcAllReduceRunner,
+                                                         cache_key_extras)
+            cover = os.environ.get("STANDIN_COVER", "all")
+            rows = self.tune_batches if cover == "all" else [int(r) for r in cover.split(",") if r]
+            extras = cache_key_extras(self.world_size, self.profile, self.max_blocks, self.max_numel, self.dtype)
+            saved = {AutoTuner._get_cache_key(PCIE_IPC_CUSTOM_OP, PcieIpcAllReduceRunner(self),
+                                              ((r, hiddens[0]),), None, extras).file_key: [0, [1, 8, 512]]
+                     for r in rows}
             with open(cache, "w") as f:
-                json.dump({"configs": os.environ.get("STANDIN_TAG", "")}, f)
+                json.dump(dict(saved, tag=os.environ.get("STANDIN_TAG", "")), f)
         return {}
     def destroy(self):
         pass
@@ -92,7 +126,7 @@ CODE = r"""
 import argparse, contextlib, glob, io, json, os, signal, sys, tempfile, threading, time
 import torch
 import sglang.srt.distributed.device_communicators.pcie_ipc_allreduce as m
-import sglang.srt.distributed.device_communicators.pcie_ipc_tune as tune
+import sglang.srt.pcie_ipc_tune as tune
 
 signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal, also when started ignoring it
 STANDIN = os.environ["STANDIN_DIR"]
@@ -229,6 +263,12 @@ R["ok"]["files"] = cache_files()
 R["ok"]["report"] = json.load(open(report)) if os.path.exists(report) else None
 path = os.path.join(CACHE, "sglang_pcie_ipc_ws2.json")
 R["ok"]["state"] = m.tune_cache_state(path, m.tune_cache_key(2, 7168, 6 * 7168, (3, 6)))
+R["ok"]["init"] = [json.load(open(os.path.join(LOG, "ok", f"{r}.init.json"))) for r in range(2)]
+for name, cover in (("hollow", ""), ("partial", "3")):  # flashinfer saved no entry for every bucket
+    R[name] = run(name, "--tp", "2", *rows, "--pin-clocks", "2100", "--iters", "3", "--report", report + name,
+                  env={"STANDIN_COVER": cover, "STANDIN_TAG": name})
+    R[name]["files"] = cache_files()
+    R[name]["report"] = json.load(open(report + name)) if os.path.exists(report + name) else None
 for name, n, env, sig in (("rank_fails", 4, {"STANDIN_TUNE": "fail1"}, None),
                           ("sigint", 2, {"STANDIN_TUNE": "hang"}, signal.SIGINT),
                           ("sigterm", 2, {"STANDIN_TUNE": "hang"}, signal.SIGTERM)):
@@ -239,15 +279,10 @@ for name, n, env, sig in (("rank_fails", 4, {"STANDIN_TUNE": "fail1"}, None),
 """
 
 NO_TORCH = r"""
-import contextlib, io, json, os, runpy, sys, types
-import sglang.srt
-# upstream's sglang/srt/distributed/__init__.py imports torch: its package stood in, empty
-pkg = types.ModuleType("sglang.srt.distributed")
-pkg.__path__ = [os.path.join(list(sglang.srt.__path__)[0], "distributed")]
-sys.modules["sglang.srt.distributed"] = pkg
-for name in [n for n in sys.modules if n == "torch" or n.startswith("torch.")]:
-    del sys.modules[name]
-sys.modules["torch"] = None  # a venv without torch
+import sys
+assert not [n for n in sys.modules if n == "torch" or n.startswith("torch.")]  # a fresh process
+sys.modules["torch"] = None  # a venv without torch: import torch raises ImportError
+import contextlib, io, json, runpy
 R = {}
 for name, argv in {"help": ["--help"], "rows": ["--tp", "2", "--hidden", "7168", "--rows", "0,-3", "--clocks-pinned"],
                    "run": ["--tp", "2", "--hidden", "7168", "--rows", "3,6", "--clocks-pinned"]}.items():
@@ -255,7 +290,7 @@ for name, argv in {"help": ["--help"], "rows": ["--tp", "2", "--hidden", "7168",
     sys.argv = ["pcie_ipc_tune", *argv]
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         try:
-            runpy.run_module("sglang.srt.distributed.device_communicators.pcie_ipc_tune", run_name="__main__")
+            runpy.run_module("sglang.srt.pcie_ipc_tune", run_name="__main__")
         except SystemExit as e:
             code = e.code
     R[name] = {"code": code, "out": out.getvalue(), "err": err.getvalue().splitlines()}
@@ -288,7 +323,8 @@ def result(run_patched, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def no_torch(run_patched):
-    return _result(run_patched(NO_TORCH, timeout=120))
+    # a PYTHON* variable of its own: a fresh interpreter, not a child of the zygote that imported torch
+    return _result(run_patched(NO_TORCH, env={"PYTHONNOUSERSITE": "1"}, timeout=120))
 
 
 def _one_line(r: dict, code: int, *parts: str) -> None:
@@ -375,7 +411,8 @@ def test_a_tuned_run_writes_the_cache_with_a_key_naming_its_bytes_and_cleans_up(
     assert r["out"][-1].endswith("sglang_pcie_ipc_ws2.json (+ .key); serve with SGLANG_PCIE_IPC_TUNE=cache")
     assert sorted(r["files"]) == ["sglang_pcie_ipc_ws2.json", "sglang_pcie_ipc_ws2.json.key"]  # no staging left
     cache, key = r["files"]["sglang_pcie_ipc_ws2.json"], json.loads(r["files"]["sglang_pcie_ipc_ws2.json.key"])
-    assert json.loads(cache) == {"configs": "first"}
+    saved = json.loads(cache)
+    assert saved.pop("tag") == "first" and len(saved) == 2  # an entry per bucket, as flashinfer saves them
     assert key["cache_sha256"] == hashlib.sha256(cache.encode()).hexdigest()
     assert {k: key[k] for k in ("world_size", "hidden", "max_numel", "buckets")} == {
         "world_size": 2, "hidden": 7168, "max_numel": 6 * 7168, "buckets": [3, 6]}
@@ -383,6 +420,31 @@ def test_a_tuned_run_writes_the_cache_with_a_key_naming_its_bytes_and_cleans_up(
     assert r["report"]["rank0"][0]["rows"] == 3 and r["report"]["cache"].endswith("sglang_pcie_ipc_ws2.json")
     assert r["tmp"] == [] and r["alive"] == [] and r["ranks"] == 2
     assert r["smi"] == ["-i 0,1 -lgc 2100,2100", "-i 0,1 -rgc"]
+
+
+def test_the_step_builds_the_servers_workspace(result):
+    """The arguments the server's serve() builds with (test_p5_pcie_ipc_allreduce.py pins the same):
+    a workspace built otherwise (another max_numel, dtype, max_blocks or buckets) tunes entries the
+    server never looks up."""
+    for init in result["ok"]["init"]:
+        assert init == {"max_numel": 6 * 7168, "dtype": "torch.bfloat16", "tune_batches": [3, 6],
+                        "tune_cache": "/dev/null"}
+
+
+@pytest.mark.parametrize("case,missing", [("hollow", [3, 6]), ("partial", [6])])
+def test_a_cache_without_every_served_bucket_is_one_line_and_writes_nothing(result, case, missing):
+    """flashinfer's tune() returns and saves its cache, but with no entry for a bucket whose every
+    candidate failed to profile ("Saved 0 configs" under MPS on 2026-12-06): the server would run
+    the seed there while its line said "cache"."""
+    r = result[case]
+    assert r["code"] == 1, r
+    assert r["err"][1:] == [
+        f"error: flashinfer's tune() saved no entry for rows {missing} of buckets [3, 6] (every candidate "
+        "failed to profile; FLASHINFER_LOGGING_LEVEL=DEBUG names why), so the server would run their seed "
+        "configurations; nothing was written"], r["err"]
+    assert r["files"] == result["ok"]["files"]  # the tuned cache and its key as they were
+    assert r["report"]["error"].startswith("flashinfer's tune() saved no entry") and r["out"] == []
+    assert r["tmp"] == [] and r["alive"] == [] and r["smi"] == ["-i 0,1 -lgc 2100,2100", "-i 0,1 -rgc"]
 
 
 @pytest.mark.parametrize("case,code,why", [

@@ -24,7 +24,7 @@ export FLASHINFER_AUTOTUNE_DIR=${P5_TUNE_DIR:-/tmp/p5tune-$$}
   python3 -c 'import sys, torch; print(sys.version.split()[0], torch.__version__, torch.version.cuda)'
   (cd $T/python && sha256sum sglang/srt/distributed/parallel_state.py \
      sglang/srt/distributed/device_communicators/pcie_ipc_allreduce.py \
-     sglang/srt/distributed/device_communicators/pcie_ipc_tune.py); sha256sum "$HERE/p5_edges_mps.py"; } > "$O/env.txt" 2>&1
+     sglang/srt/pcie_ipc_tune.py); sha256sum "$HERE/p5_edges_mps.py"; } > "$O/env.txt" 2>&1
 started=0
 if [ "${P5_DEVICES:-one}" = one ]; then
   nvidia-cuda-mps-control -d && started=1 && echo "MPS daemon started" >> "$O/env.txt"
@@ -46,7 +46,7 @@ TW=${TUNE_WS:-8}
 tune() {  # tune NAME TIMEOUT
   local name=$1 t=$2
   PYTHONPATH=$HERE/stub:$T/python:$S timeout $((t + 60)) python3 -m \
-    sglang.srt.distributed.device_communicators.pcie_ipc_tune --tp "$TW" --hidden 7168 --rows 3,6,12,24 \
+    sglang.srt.pcie_ipc_tune --tp "$TW" --hidden 7168 --rows 3,6,12,24 \
     --devices "$(python3 -c "print(','.join(['0'] * $TW))")" --clocks-pinned --timeout "$t" --iters 50 \
     --report "$O/$name-report.json" \
     > "$O/$name.out" 2> "$O/$name.err"
