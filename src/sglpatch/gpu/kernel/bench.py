@@ -28,6 +28,10 @@ The result file is rewritten after every backend ("in_progress" names the one be
 so a launch that hangs or dies keeps what it measured; a step (set-up, one size and mode) that
 makes no progress for --step-timeout s ends the run with a HANG line (exit 3).
 
+After each backend's latency rows, --replay N: its op (a fused one: allreduce + add + RMSNorm)
+captured in a CUDA graph and replayed N times back to back, each replay compared with NCCL on the
+same inputs (sglpatch.gpu.kernel.microbench.replay; the hazard an end barrier guards).
+
 --stress N instead: every non-NCCL backend, N allreduces eager and N as CUDA-graph replays, each
 result compared exactly with NCCL (sglpatch.gpu.kernel.microbench.stress).
 """
@@ -54,6 +58,7 @@ from sglpatch.gpu.kernel.microbench.backends import ALL_BACKENDS, backend_class
 from sglpatch.gpu.kernel.microbench.common import Ctx, Watchdog, gather, percentile, set_up_backend
 from sglpatch.gpu.kernel.microbench.hardware import cpu_info, hardware_info, nvlink_from_topo
 from sglpatch.gpu.kernel.microbench.measure import measure
+from sglpatch.gpu.kernel.microbench.replay import DEFAULT_REPLAYS, run_replay
 from sglpatch.gpu.kernel.microbench.stress import (
     STRESS_DEFAULT_SIZES, STRESS_SCHEMA, MismatchRing, group_plan, merge_stress_ranks, parse_fault, run_stress, value_bound,
 )
@@ -102,6 +107,11 @@ def build_arg_parser() -> argparse.ArgumentParser:
                    "are declined, as the server serves them on NCCL")
     p.add_argument("--b12x-max-bytes", type=int, default=8 * 1024 * 1024,
                    help="capacity of the b12x PCIe runtimes (flashinfer's default)")
+    p.add_argument("--replay", type=int, default=DEFAULT_REPLAYS, metavar="N",
+                   help="after each backend's latency rows: its op captured in a CUDA graph, replayed N times back to "
+                   "back (fresh inputs drawn on the device, no host sync), every replay compared with NCCL; 0: off")
+    p.add_argument("--replay-sizes", type=parse_sizes, default=STRESS_DEFAULT_SIZES,
+                   help="rows of the replay check (default: decode/verify sizes)")
     s = p.add_argument_group("stress (--stress N replaces the latency run)")
     s.add_argument("--stress", type=int, default=0, metavar="N",
                    help="N allreduces per non-NCCL backend and mode, each compared exactly with NCCL")
@@ -212,8 +222,8 @@ def run_latency(ctx, log, hw: dict, unset: dict) -> int:
     doc = {"schema": SCHEMA, "date_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
            "argv": sys.argv, "name_suffix": args.name_suffix, "sizes": args.sizes, "hidden": args.hidden,
            "samples": args.samples, "inner": args.inner, "device": args.device, "hardware": hw,
-           "env_unset": unset, "results": [], "absent": {}, "errors": {}, "done": [], "in_progress": None,
-           "complete": False}
+           "env_unset": unset, "results": [], "replay": [], "absent": {}, "errors": {}, "done": [],
+           "in_progress": None, "complete": False}
 
     def save():
         if ctx.rank == 0:
@@ -246,6 +256,8 @@ def run_latency(ctx, log, hw: dict, unset: dict) -> int:
                 doc["results"].append(row)
                 log(f"{label:>22} {mode:>5} {rows:>5}x{args.hidden}: {row.get('status')} "
                     f"median {row.get('median_us', '-')} us p90 {row.get('p90_us', '-')} us")
+        if args.replay > 0:  # back-to-back graph replays against NCCL (microbench/replay.py)
+            doc["replay"] += run_replay(ctx, backend, label, args.replay_sizes, args.replay, wd, log)
         wd.beat(f"{label}: close")
         backend.close()
         del backend

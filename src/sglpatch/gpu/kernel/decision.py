@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from sglpatch.gpu.kernel import eligibility
 from sglpatch.gpu.shared.profile import usage_error
 from sglpatch.gpu.shared.served import version_tuple
 
@@ -163,9 +164,12 @@ def _points(rows: list[dict], mode: str) -> dict[tuple[str, str], dict[int, floa
     return pts
 
 
-def project(rows: list[dict], cfg: dict, baseline: dict | None = None, versions: dict[str, dict] | None = None) -> dict:
-    """The decision table as data: ranked candidates, those not projected and why, warnings;
-    versions: {install key: its worker's versions}, which name each candidate's switch there."""
+def project(rows: list[dict], cfg: dict, baseline: dict | None = None, versions: dict[str, dict] | None = None,
+            parity: dict | None = None, replay_bad: dict | None = None) -> dict:
+    """The decision table as data: ranked candidates, each eligible or not (kernel/eligibility.py:
+    parity = the server report's pairs, replay_bad = {(backend, install): why} of this run's
+    back-to-back replay check), those not projected and why, warnings, the winner (the fastest
+    eligible); versions: {install key: its worker's versions}, which name each candidate's switch."""
     base = {"decode_step_ms": cfg["decode_step_ms"], "spec_cycle_ms": cfg["spec_cycle_ms"], "source": "profile"}
     base.update(baseline or {})
     accepts = sorted({float(a) for a in cfg["accept_lengths"]} | ({base["accept_length"]} if base.get("accept_length") else set()))
@@ -198,8 +202,10 @@ def project(rows: list[dict], cfg: dict, baseline: dict | None = None, versions:
         if b in NOT_CANDIDATES:
             continue
         reason, t = _effective(key, pts, rows, (dec_n, ver_n), wrong)
+        if not reason and key in (replay_bad or {}):
+            reason = f"wrong over back-to-back CUDA-graph replays, never a candidate: {replay_bad[key]}"
         if reason:
-            out["not_ranked"].append({"backend": b, "install": inst, "why": reason})
+            out["not_ranked"].append({"backend": b, "install": inst, "why": reason, "eligible": False})
             continue
         d_dec = R * (t_srv[dec_n][0] - t[dec_n][0]) / 1000
         d_ver = R * (t_srv[ver_n][0] - t[ver_n][0]) / 1000
@@ -210,7 +216,8 @@ def project(rows: list[dict], cfg: dict, baseline: dict | None = None, versions:
                "t_decode_us": round(t[dec_n][0], 2), "t_decode_how": t[dec_n][1],
                "t_verify_us": round(t[ver_n][0], 2), "t_verify_how": t[ver_n][1],
                "ar_ms_decode": round(R * t[dec_n][0] / 1000, 3), "ar_ms_verify": round(R * t[ver_n][0] / 1000, 3),
-               "step_ms": round(step, 3), "cycle_ms": round(cycle, 3)}
+               "step_ms": round(step, 3), "cycle_ms": round(cycle, 3),
+               **eligibility.of(b, parity, cfg["confirm"].get(b))}
         if step <= 0 or cycle <= 0:
             out["not_ranked"].append({"backend": b, "install": inst,
                                       "why": f"projected step {step:.2f} ms / cycle {cycle:.2f} ms is not positive"})
@@ -225,6 +232,8 @@ def project(rows: list[dict], cfg: dict, baseline: dict | None = None, versions:
     for i, c in enumerate(out["candidates"], 1):
         c["rank"] = i
         c["eagle3_pays_at_rank_accept"] = 1000 * rank_a / c["cycle_ms"] > c["tok_s_no_spec"]
+    out["parity_source"] = (parity or {}).get("source")
+    out["winner"] = next((f"{c['backend']} [{c['install']}]" for c in out["candidates"] if c["eligible"]), None)
     return out
 
 
@@ -275,23 +284,36 @@ def markdown(d: dict, labels: dict[str, str], confirm: dict[str, str]) -> list[s
         return md + ["No backend could be projected."] + _not_ranked(d, labels)
     md += ["| rank | backend | install | us decode / verify | allreduce ms per decode step / verify pass | "
            "projected step ms | no-spec tok/s | " + " | ".join(f"EAGLE-3 @{a:g}" for a in acc)
-           + " | break-even accept | switch |",
-           "|---|---|---|---|---|---|---|" + "---|" * len(acc) + "---|---|"]
+           + " | break-even accept | switch | eligible |",
+           "|---|---|---|---|---|---|---|" + "---|" * len(acc) + "---|---|---|"]
     for c in d["candidates"]:
         how = "" if c["t_decode_how"] == c["t_verify_how"] == "measured" else " (interp.)"
         name = f"**{c['backend']}**" + (" (as served)" if c["served"] else "") + (" (fused)" if c["fused"] else "")
         md.append(f"| {c['rank']} | {name} | {c['install']} | {c['t_decode_us']:.1f} / {c['t_verify_us']:.1f}{how} | "
                   f"{c['ar_ms_decode']:.2f} / {c['ar_ms_verify']:.2f} | {c['step_ms']:.2f} | {c['tok_s_no_spec']:.1f} | "
                   + " | ".join(f"{c['tok_s_eagle3'][f'{a:g}']:.1f}" for a in acc)
-                  + f" | {c['break_even_accept']:.2f} | {c['switch']} |")
+                  + f" | {c['break_even_accept']:.2f} | {c['switch']} | {ELIGIBLE[c.get('eligible')]} |")
     md.append("")
     md += [f"- install {k}: {v}" for k, v in sorted(labels.items())]
+    md += ["", "Eligible (no path counts as faster until it has said the same thing as NCCL: its server-tier parity "
+           "pairs passed, `[[server.parity]] backends`; " + (f"pairs from `{d['parity_source']}`" if d.get("parity_source")
+                                                              else "no server report given: --with-profile REPORT") + "):"]
+    md += [f"- {c['backend']} [{c['install']}]: {ELIGIBLE[c.get('eligible')]}: {c.get('why')}" for c in d["candidates"]
+           if not c["served"]]
     best = d["candidates"][0]
     cmd = confirm.get(best["backend"])
-    md += ["", f"Winner by this projection: **{best['backend']}** (install {best['install']}); "
-               + (f"confirm on the server: `{cmd}`" if cmd else
-                  "no server-tier mode in the profile turns it on yet ([kernel.decision.confirm])")]
+    how = (f"confirm on the server: `{cmd}`" if cmd else
+           "no server-tier mode in the profile turns it on yet ([kernel.decision.confirm])")
+    if best.get("eligible"):
+        md += ["", f"Winner by this projection: **{best['backend']}** (install {best['install']}), eligible; {how}"]
+    else:
+        md += ["", f"Fastest by this projection: **{best['backend']}** (install {best['install']}), "
+                   f"{'**NOT eligible**' if best.get('eligible') is False else 'not eligible yet'}: {best.get('why')}; "
+                   f"{how}", f"Winner among the eligible: **{d.get('winner') or 'none'}**"]
     return md + _not_ranked(d, labels)
+
+
+ELIGIBLE = {True: "yes", False: "**NO**", None: "not yet"}
 
 
 def _not_ranked(d: dict, labels: dict[str, str]) -> list[str]:

@@ -81,6 +81,15 @@ def pcie_ipc_args(k: dict) -> list[str]:
     return ["--pcie-ipc-max-rows", str(k.get("pcie_ipc_max_rows", 64))]
 
 
+def replay_args(prof: dict, quick: bool) -> list[str]:
+    """The back-to-back replay check (microbench/replay.py): N replays per backend and size; --quick
+    at the decision sizes."""
+    k = prof["kernel"]
+    n = int(k.get("replay_iterations") or 0)
+    sizes = quick_sizes(prof) if quick else (k.get("replay_sizes") or k["stress_sizes"])
+    return ["--replay", str(n), "--replay-sizes", ",".join(map(str, sizes))]
+
+
 def common_args(prof: dict, quick: bool) -> list[str]:
     k = prof["kernel"]
     sizes = quick_sizes(prof) if quick else k["sizes"]
@@ -89,7 +98,7 @@ def common_args(prof: dict, quick: bool) -> list[str]:
     out = ["--sizes", ",".join(map(str, sizes)), "--hidden", str(k["hidden"]), "--samples", str(samples),
            "--inner", str(inner), "--step-timeout", str(k.get("step_timeout_s", 600)),
            "--b12x-max-bytes", str(k.get("b12x_max_bytes", 8 * 1024 * 1024)),
-           "--stress-sizes", ",".join(map(str, k["stress_sizes"]))]
+           "--stress-sizes", ",".join(map(str, k["stress_sizes"])), *replay_args(prof, quick)]
     out += pcie_ipc_args(k)
     if quick:
         out += ["--warmup", str(QUICK["warmup"])]
@@ -207,6 +216,7 @@ def last_word(log: Path) -> str:
 def _merge_docs(a: dict, b: dict) -> dict:
     out = dict(a)
     out["results"] = a.get("results", []) + b.get("results", [])
+    out["replay"] = a.get("replay", []) + b.get("replay", [])
     for key in ("absent", "errors", "backend_info"):
         out[key] = {**a.get(key, {}), **b.get(key, {})}
     out["done"] = a.get("done", []) + b.get("done", [])

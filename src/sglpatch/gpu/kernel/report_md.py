@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import shlex
 
-from sglpatch.gpu.kernel import decision, pcie_tune
+from sglpatch.gpu.kernel import decision, eligibility, pcie_tune
 
 VERSION_KEYS = ("torch", "flashinfer-python", "sglang", "sgl-kernel", "sglang-kernel", "mscclpp")
 
@@ -91,6 +91,24 @@ def latency_tables(d: dict, prof: dict) -> list[str]:
     return md
 
 
+def replay_markdown(rows: list[dict], multi: bool) -> list[str]:
+    """The back-to-back replay check: per backend and size, N graph replays without a host sync, each
+    compared with NCCL on the same inputs (a fused path: its residual exactly, its norm to 2 bf16 ulps)."""
+    if not rows:
+        return []
+    md = ["### Back-to-back CUDA-graph replays against NCCL (no host sync between replays)", "",
+          "Each backend's op (a fused one: allreduce + residual add + RMSNorm) captured in a CUDA graph with a fresh "
+          "input drawn on the device, replayed back to back, every replay's output compared with NCCL's allreduce "
+          "of the same inputs: the hazard an end barrier guards. A difference fails the tier and the backend is "
+          "never eligible.", "", "| backend | rows | replays | result |", "|---|---|---|---|"]
+    for r in rows:
+        name = r["backend"] + (f" [{r.get('install')}]" if multi else "")
+        what = {"ok": "same as NCCL", "declined": f"declined: {r.get('detail')}"}.get(r.get("status"))
+        md.append(f"| {name} | {r.get('rows') or '—'} | {r.get('replays')} | "
+                  f"{what or '**' + str(r.get('status')).upper() + '**: ' + eligibility.replay_line(r)} |")
+    return md + [""]
+
+
 def crossover_markdown(d: dict) -> list[str]:
     md = ["### Crossover (recommendation for `SGLANG_PCIE_CUSTOM_AR_MAX_BYTES`)", ""]
     for mode, c in (d.get("crossover") or {}).items():
@@ -139,6 +157,7 @@ def kernel_markdown(d: dict, prof: dict) -> list[str]:
            "nobody at the collective; every output checked against an exact integer reference, the sum NCCL "
            "returns; fused rows (allreduce + add + RMSNorm) exact on the residual, two bf16 ulps on the norm).", ""]
     md += latency_tables(d, prof)
+    md += replay_markdown(d.get("replay") or [], len(d.get("installs") or []) > 1)
     if d.get("decision"):
         labels = {i["key"]: i["label"] for i in d.get("installs") or []}
         md += decision.markdown(d["decision"], labels, (decision.config(prof) or {}).get("confirm", {}))

@@ -11,7 +11,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from sglpatch.gpu.kernel import decision, pcie_tune
+from sglpatch.gpu.kernel import decision, eligibility, pcie_tune
 from sglpatch.gpu.kernel import launch as kernel_launch
 from sglpatch.gpu.shared import topology
 from sglpatch.gpu.kernel.launch import HANG_LINE, worker_env
@@ -227,7 +227,7 @@ def run_install(prof: dict, ws: int, report_dir: Path, project: Path, env: dict,
     """Every launch of one interpreter: (its install record, its rows labelled with its key)."""
     k = prof["kernel"]
     inst = {"key": interp["key"], "python": interp["python"], "hardware": None, "absent": {}, "errors": {},
-            "hung": [], "launches": [], "backend_info": {}}
+            "hung": [], "launches": [], "backend_info": {}, "replay": []}
     rows: list[dict] = []
     for L in kernel_launch.kernel_launches(prof, ws, report_dir, interp, first, quick):
         with pcie_tune.clocks(k, ws, env) if L.get("pin") else contextlib.nullcontext() as clk:
@@ -249,6 +249,7 @@ def run_install(prof: dict, ws: int, report_dir: Path, project: Path, env: dict,
             inst["default_env"] = {"removed": L["unset"], "still_set_inside": doc.get("env_unset") or {}}
         for row in doc.get("results", []):
             rows.append({**row, "install": interp["key"]})
+        inst["replay"] += [{**row, "install": interp["key"]} for row in doc.get("replay", [])]
         inst["absent"].update(doc.get("absent", {}))
         inst["errors"].update(doc.get("errors", {}))
         inst["backend_info"].update(doc.get("backend_info", {}))
@@ -262,7 +263,8 @@ NCCL_LABELS = ("nccl", "nccl_p2p_off", "nccl_default_env")
 
 def judge(tr: TierResult, k: dict, installs: list[dict], rows: list[dict], cpu_test: bool) -> None:
     """Failures: a wrong result or an error row anywhere; a required backend (first install) that
-    did not run, errored or hung; NCCL failing to set up.  Another backend that errors or hangs
+    did not run, errored or hung; NCCL failing to set up; a back-to-back replay that differed from
+    NCCL or raised (microbench/replay.py).  Another backend that errors or hangs
     in its set-up is reported, not a failure (an optional candidate, e.g. symm_mem without P2P
     atomics)."""
     required = set(k.get("required_backends", []))
@@ -275,6 +277,9 @@ def judge(tr: TierResult, k: dict, installs: list[dict], rows: list[dict], cpu_t
     for b in ([] if cpu_test else sorted(required)):
         if b not in present and b not in installs[0]["errors"]:
             tr.fail(f"required backend {b} did not run: {installs[0]['absent'].get(b, 'no result')}")
+    for (b, inst), why in eligibility.replay_failures([r for i in installs for r in i["replay"]]).items():
+        tag = "" if len(installs) == 1 else f" [{inst}]"
+        tr.fail(f"REPLAY {'MISMATCH' if 'differ from NCCL' in why else 'ERROR'}{tag}: {why}")
     for r in rows:
         tag = "" if len(installs) == 1 else f" [{r['install']}]"
         if r["status"] == "wrong":
@@ -300,6 +305,7 @@ class KernelTier(Tier):
         self.cfg = decision.config(plan.profile)
         pcie_tune.settings(k)  # the PCIe-IPC keys: a bad one is a usage error before anything runs
         self.spec_base = decision.baseline_from_report(plan.with_profile) if plan.with_profile else None
+        self.parity = eligibility.parity_from_report(plan.with_profile) if plan.with_profile else None
         if plan.with_profile and self.cfg is None:
             raise usage_error("--with-profile needs a [kernel.decision] table in the profile (layers, step, cycle)")
         self.env = dict(plan.base_env)
@@ -323,7 +329,8 @@ class KernelTier(Tier):
         first = installs[0] if installs else {"hardware": {}, "absent": {}, "errors": {}, "key": "A"}
         hw = first.get("hardware") or {}
         tr.data.update({"hardware": hw, "results": rows, "absent": first["absent"], "errors": first["errors"],
-                        "installs": installs, "launches": [L for inst in installs for L in inst["launches"]]})
+                        "installs": installs, "launches": [L for inst in installs for L in inst["launches"]],
+                        "replay": [r for inst in installs for r in inst["replay"]]})
         if installs:
             judge(tr, k, installs, rows, self.cpu_test)
         if self.stress:
@@ -335,7 +342,8 @@ class KernelTier(Tier):
         tr.data["crossover"] = {m: find_crossover(first_rows, m, k["hidden"]) for m in ("graph", "eager")}
         if self.cfg and rows:
             versions = {i["key"]: (i.get("hardware") or {}).get("versions") or {} for i in installs}
-            tr.data["decision"] = decision.project(rows, self.cfg, self.spec_base, versions)
+            tr.data["decision"] = decision.project(rows, self.cfg, self.spec_base, versions, self.parity,
+                                                   eligibility.replay_failures(tr.data["replay"]))
         base_path = plan.baseline or (plan.project / k["baseline"] if k.get("baseline") else None)
         if base_path and Path(base_path).is_file():
             cmp = compare_kernel_baseline(first_rows, json.loads(Path(base_path).read_text()), tr.data["hardware"],
@@ -378,9 +386,10 @@ def summary(tr: TierResult, installs: list[dict], rows: list[dict], ws: int, hw:
         best = (d.get("candidates") or [None])[0]
         if best:
             a = f"{d['rank_accept_length']:g}"
-            out += (f"; projected winner {best['backend']} [{best['install']}]: {best['tok_s_no_spec']} tok/s "
+            out += (f"; projected fastest {best['backend']} [{best['install']}]: {best['tok_s_no_spec']} tok/s "
                     f"no spec, EAGLE-3 {best['tok_s_eagle3'].get(a)} tok/s at accept {a} (a projection"
-                    + ("; it does not hold here, see the warnings)" if d.get("warnings") else ")"))
+                    + ("; it does not hold here, see the warnings)" if d.get("warnings") else ")")
+                    + f", eligible: {decision.ELIGIBLE[best.get('eligible')]}; eligible winner {d.get('winner')}")
     if stress:
         srows = tr.data["stress"].get("stress") or []
         out += (f"; stress {stress} x {len(srows)} backend/mode: "

@@ -40,7 +40,10 @@ DEFAULTS: dict = {
                # --stress [N]: N iterations per backend and mode (N omitted: stress_iterations)
                "stress_iterations": 10000, "stress_backends": ["custom_ar", "symm_mem"],
                "stress_required": [], "stress_sizes": [1, 2, 3, 4, 8, 16], "stress_modes": ["eager", "graph"],
-               "stress_step_timeout_s": 120, "stress_timeout_s": 0},
+               "stress_step_timeout_s": 120, "stress_timeout_s": 0,
+               # every backend's op captured in a CUDA graph, replayed back to back, each replay compared
+               # with NCCL (kernel/microbench/replay.py); 0: off; sizes None: stress_sizes
+               "replay_iterations": 64, "replay_sizes": None},
     "server": None,
     # the served model's size, for `sglpatch doctor`'s free-memory check: each GPU needs
     # weights_gib / [server] tp + margin_gib free before a load

@@ -58,6 +58,12 @@ class NcclAddRmsnormBackend(FusedBackend):
         self.fused_add_rmsnorm(self.bufs[k], self.res_outs[k], self.gamma, RMS_EPS)
         return k
 
+    def fused_op(self, x, residual, gamma, res_out, norm_out):
+        norm_out.copy_(x)
+        self.dist.all_reduce(norm_out)
+        res_out.copy_(residual)
+        self.fused_add_rmsnorm(norm_out, res_out, gamma, RMS_EPS)
+
 
 class SymmMemBackend(Backend):
     """torch symmetric memory one-shot allreduce (P2P loads, no multicast); drop-in cost: the

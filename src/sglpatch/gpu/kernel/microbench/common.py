@@ -97,8 +97,10 @@ class Backend:
     CUDA-graph capture; `check(outs)` compares with the exact reference (for every op k).
 
     `fused = True`: op k is allreduce + residual add + RMSNorm (its time is compared with
-    `nccl_add_rmsnorm`, NCCL then SGLang's separate fused add-RMSNorm).  `stress_op(x, it)`:
-    the allreduce of `x` for --stress (capturable), when the backend has one."""
+    `nccl_add_rmsnorm`, NCCL then SGLang's separate fused add-RMSNorm), and `fused_op(x, residual,
+    gamma, res_out, norm_out)` is that op on given tensors (capturable: the replay check).
+    `stress_op(x, it)`: the allreduce of `x` for --stress and the replay check (capturable), when
+    the backend has one."""
 
     name = "?"
     in_place = False

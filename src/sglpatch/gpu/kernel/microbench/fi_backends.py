@@ -37,17 +37,23 @@ class FlashinferFusedBackend(FusedBackend):
             ctx.rank, ctx.world_size, self.max_tokens, ctx.hidden, group=ctx.cpu_group,
             use_fp32_lamport=False)
 
+    def supports(self, rows):
+        return None if rows <= self.max_tokens else f"above the workspace's {self.max_tokens} tokens"
+
     def op(self, k):
+        self.fused_op(self.pristine[k], self.residual, self.gamma, self.res_outs[k], self.norm_outs[k])
+        return k
+
+    def fused_op(self, x, residual, gamma, res_out, norm_out):
         c = self.ctx
         self.comm.trtllm_allreduce_fusion(
-            allreduce_in=self.pristine[k], world_size=c.world_size, world_rank=c.rank,
-            token_num=self.rows, hidden_dim=c.hidden, workspace_ptrs=self.workspace,
+            allreduce_in=x, world_size=c.world_size, world_rank=c.rank,
+            token_num=x.shape[0], hidden_dim=c.hidden, workspace_ptrs=self.workspace,
             launch_with_pdl=True, use_oneshot=True, trigger_completion_at_end=False, fp32_acc=False,
             pattern_code=self.comm.AllReduceFusionPattern.kARResidualRMSNorm,
-            allreduce_out=None, residual_in=self.residual, residual_out=self.res_outs[k],
-            norm_out=self.norm_outs[k], quant_out=None, scale_out=None, rms_gamma=self.gamma,
+            allreduce_out=None, residual_in=residual, residual_out=res_out,
+            norm_out=norm_out, quant_out=None, scale_out=None, rms_gamma=gamma,
             rms_eps=RMS_EPS, scale_factor=None, layout_code=None)
-        return k
 
 
 def b12x_pcie(ctx):
@@ -145,10 +151,12 @@ class B12xFusedBackend(_B12xOneshot, FusedBackend):
         return lambda state: state.run_fused(probe, res, weight, out, res_out, RMS_EPS)
 
     def op(self, k):
-        x = self.pristine[k]
-        self.rt.all_reduce_fused_add_rms_norm(x, self.residual, self.gamma, RMS_EPS, plan=self.plan(x),
-                                              out=self.norm_outs[k], residual_out=self.res_outs[k])
+        self.fused_op(self.pristine[k], self.residual, self.gamma, self.res_outs[k], self.norm_outs[k])
         return k
+
+    def fused_op(self, x, residual, gamma, res_out, norm_out):
+        self.rt.all_reduce_fused_add_rms_norm(x, residual, gamma, RMS_EPS, plan=self.plan(x), out=norm_out,
+                                              residual_out=res_out)
 
 
 class B12xTwoshotBackend(Backend):
