@@ -22,6 +22,7 @@ from sglpatch.errors import SglpatchError
 from sglpatch.fsutil import crashpoint
 from sglpatch.gitcmd import Git
 from sglpatch.pythonenv.interpreter import find_uv
+from sglpatch.pythonenv import pip_config
 from sglpatch.workdir import INSTALLED_KEY, put_back_built, scratch_dir
 
 def check_target(python: str | None, installs: bool) -> None:
@@ -173,7 +174,7 @@ def install(workdir: Path, python: str | None = None, installer: str = "auto", v
         with tempfile.TemporaryDirectory(prefix="sglpatch-editable-", dir=scratch_dir(Git(workdir))) as tmp:
             whl = editable_wheel(src, metadata, lock.name, lock.version, Path(tmp))
             if uv:
-                cmd = [uv, "pip", "install", "--python", py, "--no-deps", str(whl)]
+                cmd = [uv, "pip", "install", "--python", py, "--no-deps", *pip_config.uv_args(), str(whl)]
             else:
                 cmd = [py, "-m", "pip", "install", "--no-deps", "--disable-pip-version-check", str(whl)]
             print(f"sglpatch: installing (editable, a .pth to {src} + {lock.name} {lock.version}'s METADATA): {redact.shown(cmd)}",
@@ -187,7 +188,9 @@ def install(workdir: Path, python: str | None = None, installer: str = "auto", v
             )
         return f"installed sglang {lock.version} editable from {src} into {py}"
     if uv:
-        cmd = [uv, "pip", "install", "--python", py, "--no-deps", "-e", str(src)]
+        # uv reads none of pip's configuration: the build's own requirements (setuptools) come from
+        # the user's index, as pip would take them
+        cmd = [uv, "pip", "install", "--python", py, "--no-deps", *pip_config.uv_args(), "-e", str(src)]
     else:
         cmd = [py, "-m", "pip", "install", "--no-deps", "--disable-pip-version-check", "-e", str(src)]
     print(f"sglpatch: installing: {redact.shown(cmd)}", file=sys.stderr, flush=True)
