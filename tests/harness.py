@@ -45,7 +45,7 @@ END_TO_END = {
     "failure_modes/", "test_apply_cli.py", "test_cli_first_contact.py", "test_doctor.py",
     "test_kernel_candidates.py", "test_kernel_pcie_ipc_tier.py", "test_kernel_stress.py", "test_port_0523.py", "test_rebase.py", "test_regress_ab.py",
     "test_regress_server.py", "test_scripts_fresh_shell.py", "test_stack.py", "test_venv_preflight.py", "test_watch.py",
-    "test_jitcheck.py", "test_lines.py", "test_bisect.py",
+    "test_jitcheck.py", "test_lines.py", "test_bisect.py", "test_venv_pip_config.py",
     # real installs, applies from the cache and rebase faults too (1.6 min -> 5 min for --quick with them in)
     "test_flashinfer_set.py", "test_install_wheel_tree.py", "test_rebase_tree_check.py",
     "test_unpack.py", "test_line_context.py",

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, venv_0523
 
 P5 = ROOT / "patches" / "0005-parallel_state-opt-in-FlashInfer-PCIe-IPC-allreduce.patch"
 SERVING = [  # Kimi-K2.5 (MLA, EAGLE-3 drafter) on SM120 with P1 and P5
@@ -185,10 +185,8 @@ print("RESULT" + json.dumps(out))
 def checked(patched_tree):
     if tree_version(patched_tree) != "0.5.9":
         pytest.skip("the names and calls are 0.5.9's (the line the user runs)")
-    venv = os.environ.get("SGLPATCH_TEST_VENV_0523")
-    py = Path(venv) / "bin" / "python" if venv else None
-    if py is None or not py.exists():
-        pytest.skip("needs the 0.5.23 test venv (SGLPATCH_TEST_VENV_0523) for flashinfer 0.7.2")
+    py = venv_0523()  # $SGLPATCH_TEST_VENV_0523, else .venv-0523: also where the variable is unset (the mutants' runs)
+    assert py.exists(), "scripts/test.sh builds the 0.5.23 test venv (SGLPATCH_TEST_VENV_0523) for flashinfer 0.7.2"
     srt = patched_tree / "python" / "sglang" / "srt"
     imports, calls = {}, []
     for path in sorted(srt.rglob("*.py")):
