@@ -205,7 +205,7 @@ MUTANTS: dict[str, list[Mutant]] = {
         Mutant("p5-first-call-unbound", "P5", "ordering", "the first call trusts != against None (torch.Stream answers False)",
                F5, [("        if self._stream is None or stream != self._stream:\n", "        if stream != self._stream:\n")], [P5]),
         Mutant("p5-workspace-keyword", "P5", "rule", "the workspace gets a keyword flashinfer 0.7.2's signature lacks",
-               F5, [("                tune_cache=self.tune_cache,\n", "                cache_path=self.tune_cache,\n")], [P5SET]),
+               F5, [("        tune_cache=tune_cache,\n", "        cache_path=tune_cache,\n")], [P5SET]),
         Mutant("p5-p1-does-not-yield", "P5", "rule", "P1's gate ignores the PCIe-IPC switch",
                "server_args.py", [("    if pcie_ipc_on:\n", "    if False:\n")], [P5]),
         # P5's first start (issue 36): buckets, width, tune policy and cache, checks in and out of capture
