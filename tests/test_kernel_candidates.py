@@ -125,6 +125,11 @@ def test_two_installs_one_report(tmp_path):
         assert got[("pcie_ipc", "B", mode, 4)] == "ok"  # the served row count (pcie_ipc_max_rows) is measured too
         assert ("nccl", "B", mode, 4) not in got
     assert not any(i == "B" and b_.endswith(("_p2p_off", "_default_env")) for b_, i, _, _ in got)
+    # every path over back-to-back replays against NCCL (issue 53): the fused ones too, per install
+    rep = {(r["backend"], r["install"], r["rows"]): r["status"] for r in k["replay"]}
+    for b_ in ("nccl", "pcie_ipc", "nccl_add_rmsnorm", "b12x_oneshot", "b12x_fused"):
+        assert rep[(b_, "B", 1)] == rep[(b_, "B", 3)] == "ok", b_
+    assert rep[("nccl", "A", 16)] == "ok" and rep[("pcie_ipc", "B", 16)] == "declined"  # past its workspace
     # NCCL's defaults: the profile's NCCL_* removed for that launch only
     de = next(L for L in k["launches"] if "--unset-env" in L["cmd"])
     assert de["env_removed"] == ["NCCL_ALGO", "NCCL_PROTO"] and a_inst["default_env"]["removed"] == de["env_removed"]
@@ -164,6 +169,21 @@ def test_a_fast_wrong_candidate_fails_the_tier(tmp_path, monkeypatch):
     assert sorted({f.split("[")[1].split(",")[0] for f in wrong}) == ["1", "3", "4"]
     assert all(r["status"] == "ok" for r in k["results"] if r["backend"] == "nccl")
     assert {x["backend"]: x["why"] for x in k["decision"]["not_ranked"]}["pcie_ipc"].startswith("a WRONG result")
+
+
+def test_a_replay_that_differs_from_nccl_is_named_by_the_real_worker(tmp_path):
+    """The worker's replay check (gloo, 2 ranks): selftest_wrong's fault, planted on the device at replay 0
+    on the last rank, is named once per backend; NCCL's replays are the same as NCCL."""
+    proj = project(tmp_path, 'backends = ["nccl", "selftest_wrong"]\nrequired_backends = ["nccl"]\n'
+                   'p2p_disabled_run = false\nreplay_iterations = 8\nreplay_sizes = [1, 3]\n', sizes="[1]")
+    res = regress.run_regress("kernel", "c", str(tmp_path / "r"), str(proj))
+    k = kernel_doc(tmp_path / "r")
+    assert res["exit_code"] == 1
+    replay = [f for f in k["failures"] if f.startswith("REPLAY MISMATCH: selftest_wrong")]
+    assert len(replay) == 1 and "[1,64] x 8 back-to-back CUDA-graph replays: 1 differ from NCCL on the same inputs, " \
+        "first replay 0 on rank 1, output element [0,7]" in replay[0], k["failures"]
+    assert [(r["rows"], r["status"]) for r in k["replay"] if r["backend"] == "selftest_wrong"] == [(1, "mismatch"), (3, "mismatch")]
+    assert {r["status"] for r in k["replay"] if r["backend"] == "nccl"} == {"ok"}
 
 
 def test_a_hung_backend_is_named_and_the_rest_are_relaunched(tmp_path):
