@@ -15,6 +15,8 @@ word at --perturb-pos when the environment variable NAME is set to a value other
 "" / "0" (a stand-in for a patch that changes the numerics), for the parity tests.
 --fail-after N logs "RuntimeError: NCCL error" at request N+1 and never answers it;
 --hang-after N never answers request N+1 and logs nothing (a silent deadlock).
+--accept-drop-env NAME lowers a speculating server's accept length by --accept-drop (0.5) when NAME
+is on, the text unchanged: corrupted hidden states handed to the drafter (issue 53).
 
 Modes (--mode):
   fast   healthy at once
@@ -32,8 +34,9 @@ it appends one JSON line per request in P4's format (version 2: `verify_ms_media
 
 A second "install" for the A/B tests: STANDIN_SGLANG_VERSION (default 0.0.0-standin) is the
 version /get_server_info reports and picks the series the stand-in plays: below 0.5.21 it
-carries P2 (with SGLANG_ENABLE_PCIE_CUSTOM_AR=1 it logs P2's custom-allreduce line), from
-0.5.21 P2 is gone and SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=1 gives upstream's PCIe-IPC lines;
+carries P2 and P5 (with SGLANG_ENABLE_PCIE_CUSTOM_AR=1 it logs P2's custom-allreduce line, else
+with SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=1 P5's workspace and start-up lines), from 0.5.21 P2 is gone
+and SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=1 gives upstream's PCIe-IPC lines;
 otherwise SGLang's "Custom allreduce is disabled" warning (NCCL serves).  The lines are the
 real modules' messages.  STANDIN_SPEED multiplies --tok-s, STANDIN_ACCEPT_LENGTH replaces
 --accept-length where it is above 1 (a speculating mode).
@@ -93,6 +96,13 @@ def log_allreduce_init() -> None:
         return
     log(pre + "Custom allreduce is disabled because it's not supported on more than two PCIe-only GPUs. "
         "To silence this warning, specify disable_custom_all_reduce=True explicitly.")
+    if rel < (0, 5, 21) and _on("SGLANG_ENABLE_PCIE_IPC_ALLREDUCE"):  # P5 (patches/0005)
+        log(pre + f"PCIe-IPC allreduce on {world} GPUs: workspace 11.1 MiB per GPU, bf16 reductions up to 172032 "
+            "elements (24 rows of 7168, widest captured reduction 24 rows); buckets [3, 6, 12, 24]; seed launch "
+            "configurations (SGLANG_PCIE_IPC_TUNE; the tuning step: python -m "
+            "sglang.srt.distributed.device_communicators.pcie_ipc_tune).")
+        log(pre + f"Decode/verify allreduce: PCIe-IPC (world_size={world}).")
+        return
     if rel >= (0, 5, 21) and _on("SGLANG_ENABLE_PCIE_IPC_ALLREDUCE"):  # upstream pcie_ipc_ar.py
         log(pre + f"FlashInfer PCIe-IPC all-reduce enabled (world={world}, workspace sized on first reduction)")
         log(pre + f"FlashInfer PCIe-IPC workspace built (world={world}, max_numel=57344, hidden=7168)")
@@ -247,6 +257,8 @@ def main() -> int:
     p.add_argument("--perturb-pos", type=int, default=7)
     p.add_argument("--fail-after", type=int, help="log an NCCL error and hang from the request after N")
     p.add_argument("--hang-after", type=int, help="hang silently from the request after N")
+    p.add_argument("--accept-drop-env", default="", help="when this variable is on, accept fewer drafts")
+    p.add_argument("--accept-drop", type=float, default=0.5)
     # SGLang flags recorded in /get_server_info
     p.add_argument("--tp", type=int, default=1)
     p.add_argument("--random-seed", type=int)
@@ -260,6 +272,8 @@ def main() -> int:
     ARGS.tok_s *= float(os.environ.get("STANDIN_SPEED", "1"))
     if os.environ.get("STANDIN_ACCEPT_LENGTH") and ARGS.accept_length > 1:  # speculating modes only
         ARGS.accept_length = float(os.environ["STANDIN_ACCEPT_LENGTH"])
+    if ARGS.accept_drop_env and _on(ARGS.accept_drop_env) and ARGS.accept_length > 1:
+        ARGS.accept_length -= ARGS.accept_drop  # the same text, fewer accepted drafts
 
     log(f"standin server pid {os.getpid()} mode {ARGS.mode} args {sys.argv[1:]}")
     if ARGS.pid_file:

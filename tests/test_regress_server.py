@@ -299,6 +299,64 @@ def test_parity_between_modes_and_with_an_earlier_report(serve, tmp_path):
     assert "; parity same; parity not run: " in srv["summary"] and "FAILED" not in srv["summary"], srv["summary"]
 
 
+def test_same_text_lower_acceptance_fails_the_pair_and_the_backend_is_not_eligible(serve, tmp_path):
+    """Issue 53: P5's mode keeps NCCL's greedy text but its drafter accepts less (the stand-in's
+    --accept-drop-env, corrupted hidden states): the EAGLE-3 pair fails the tier (exit 1) and is named,
+    whatever the speed, and the kernel tier's decision table calls pcie_ipc not eligible, naming the pair."""
+    from sglpatch.gpu.kernel import decision, eligibility
+
+    eagle = ('["--speculative-algorithm", "EAGLE3", "--speculative-num-steps", "2", "--speculative-num-draft-tokens", '
+             '"3", "--accept-length", "2", "--tok-s", "800"]')
+    modes = f"""
+    [[server.modes]]
+    name = "eagle3_nccl"
+    args = {eagle}
+    gate = false
+    [server.modes.env]
+    SGLANG_ENABLE_PCIE_CUSTOM_AR = "0"
+    SGLANG_ENABLE_PCIE_IPC_ALLREDUCE = "0"
+    [[server.modes]]
+    name = "eagle3_pcie_ipc"
+    args = {eagle}
+    gate = false
+    [server.modes.env]
+    SGLANG_ENABLE_PCIE_CUSTOM_AR = "0"
+    SGLANG_ENABLE_PCIE_IPC_ALLREDUCE = "1"
+    """
+    extra = """
+    [[server.parity]]
+    name = "P5 PCIe-IPC vs NCCL, EAGLE-3"
+    a = "eagle3_nccl"
+    b = "eagle3_pcie_ipc"
+    backends = ["pcie_ipc"]
+    """
+    res, doc, took, pids = serve('["--accept-drop-env", "SGLANG_ENABLE_PCIE_IPC_ALLREDUCE"]', modes=modes, extra=extra)
+    srv = doc["tiers"]["server"]
+    (pair,) = srv["parity"]
+    assert res["exit_code"] == 1 and srv["status"] == "fail"
+    assert all(m["status"] == "ok" for m in srv["modes"])  # both ran and were fast enough: only the pair failed
+    assert pair["text"]["status"] == "same" and (pair["status"], pair["why"]) == ("differ", "accept length")
+    # 4 prompts x 24 tokens at accept 2.0: 48 verify steps, tolerance 2 / sqrt(48) = 0.289
+    assert (pair["accept"]["a"], pair["accept"]["b"], pair["accept"]["tolerance"]) == (2.0, 1.5, 0.289)
+    assert srv["failures"] == [f"parity P5 PCIe-IPC vs NCCL, EAGLE-3: {pair['detail']}"]
+    assert pair["detail"].startswith("greedy text identical, but the accept length 2.000 (eagle3_nccl) vs 1.500 "
+                                     "(eagle3_pcie_ipc), bench_serving: beyond ±0.289")
+    assert srv["summary"].endswith("; parity FAILED: P5 PCIe-IPC vs NCCL, EAGLE-3 (accept length)")
+    ipc = srv["modes"][1]["allreduce"]
+    assert ipc["backend"] == "PCIe-IPC (P5, the 0.5.9 backport)" and ipc["pcie_ipc"]["buckets"] == [3, 6, 12, 24]
+    assert "| 2.00 / 1.50 (±0.289) | **DIFFERS**: greedy text identical" in (tmp_path / "rep" / "report.md").read_text()
+    rows = [{"backend": b, "install": "A", "mode": "graph", "rows": n, "hidden": 7168, "status": "ok", "median_us": us}
+            for b, pts in (("nccl", {1: 60.0, 3: 150.0}), ("pcie_ipc", {1: 10.0, 3: 14.0})) for n, us in pts.items()]
+    d = decision.project(rows, {**decision.DEFAULTS, "hidden": 7168}, None, None,
+                         eligibility.parity_from_report(tmp_path / "rep"))
+    c = {x["backend"]: x for x in d["candidates"]}
+    assert c["pcie_ipc"]["rank"] == 1 and c["pcie_ipc"]["eligible"] is False and d["winner"] == "nccl [A]"
+    assert c["pcie_ipc"]["why"].startswith("pair 'P5 PCIe-IPC vs NCCL, EAGLE-3' failed (accept length): greedy text "
+                                           "identical, but the accept length 2.000")
+    assert "| **NO** |" in "\n".join(decision.markdown(d, {}, {}))
+    assert_all_gone(doc, pids)
+
+
 # ----------------------------------------------------------------------------- launch failures (no benchmark)
 
 
