@@ -33,8 +33,10 @@ class Row:
 
 TABLE: tuple[Row, ...] = (
     Row("passed", PASS, "all", "every test or step that ran passed, and something ran"),
-    Row("failed", FAIL, "all", "tests ran and failed (pytest 1), or a step ran and failed: a wrong result, a crash, a hang, "
-        "below its bar or the baseline, a process left behind"),
+    Row("failed", FAIL, "all", "tests ran and failed (pytest 1), or a step ran and failed: a wrong result (also over "
+        "back-to-back CUDA-graph replays), a crash, a hang, below its bar or the baseline, a parity pair whose two "
+        "modes did not say the same thing (greedy text, or EAGLE-3 accept length beyond its tolerance), a process left "
+        "behind"),
     Row("under_test_broken", FAIL, "cpu", "the code under test does not import: the tier's import check, or a test "
         "module whose import fails inside the code under test"),
     Row("timed_out", FAIL, "cpu", "the tests ran past the tier's timeout and were killed: a hang"),
