@@ -55,8 +55,10 @@ def test_shipped_profiles_load(name):
         assert prof["env"]["NCCL_ALGO"] == "Ring" and prof["env"]["NCCL_PROTO"] == "LL"
         assert prof["server"]["baselines"]["no_spec_tok_s"] == 82.0
         assert [m["name"] for m in prof["server"]["modes"] if not m.get("optional")] == ["no_spec", "eagle3"]
-        assert {(p["a"], p["b"]) for p in prof["server"]["parity"]} == {("no_spec_p2_off", "no_spec"),
-                                                                       ("no_spec_p2_off", "no_spec_p1_on")}
+        assert {(p["a"], p["b"]) for p in prof["server"]["parity"]} == {
+            ("no_spec_p2_off", "no_spec"), ("no_spec_p2_off", "no_spec_p1_on"),  # P2, P1 on vs off
+            ("no_spec_nccl", "no_spec_pcie_ipc"), ("eagle3_nccl", "eagle3_pcie_ipc"),  # P5 vs NCCL (issue 53)
+            ("no_spec_nccl", "no_spec_b12x"), ("eagle3_nccl", "eagle3_b12x")}  # P7 vs NCCL
         assert "EAGLE3" in prof["server"]["modes"][1]["args"]
     else:
         assert prof["server"] is None and prof["kernel"]["world_size"] == 2
