@@ -277,7 +277,7 @@ def judge(tr: TierResult, k: dict, installs: list[dict], rows: list[dict], cpu_t
     for b in ([] if cpu_test else sorted(required)):
         if b not in present and b not in installs[0]["errors"]:
             tr.fail(f"required backend {b} did not run: {installs[0]['absent'].get(b, 'no result')}")
-    for (b, inst), why in eligibility.replay_failures([r for i in installs for r in i["replay"]]).items():
+    for (_b, inst), why in eligibility.replay_failures([r for i in installs for r in i.get("replay", [])]).items():
         tag = "" if len(installs) == 1 else f" [{inst}]"
         tr.fail(f"REPLAY {'MISMATCH' if 'differ from NCCL' in why else 'ERROR'}{tag}: {why}")
     for r in rows:

@@ -111,7 +111,6 @@ def replay_one(backend, ctx, rows: int, n: int, beat=lambda what: None) -> dict:
             res["first_mismatch"] = {"replay": k, "rank": ctx.rank, "output": name, "element": [e // h, e % h],
                                      "got": float(got.reshape(n, -1)[k, e]), "nccl": float(ref.reshape(n, -1)[k, e])}
         res["mismatched_replays"] = max(res["mismatched_replays"], bad)
-    del outs, ins
     return res
 
 
