@@ -161,8 +161,11 @@ def test_the_install_gets_them_too(pipconf, project_copy):
     art = release(ctx["tmp"], ["sglpatch-fake-dep", "sglpatch-fake-links"])
     new = ctx["tmp"] / "new"
     e = dict(ctx["env"])
-    e.pop("UV_DEFAULT_INDEX")  # the editable build (not this issue's) needs setuptools from the registry (uv's cache)
+    e.pop("UV_DEFAULT_INDEX")
     e.pop("UV_CACHE_DIR")
+    # the editable build of the patched tree is handed the same configuration: its setuptools comes from an
+    # extra index beside the user's (the run's registry), as a user's public extra index serves it
+    e["PIP_EXTRA_INDEX_URL"] = os.environ["PIP_INDEX_URL"]
     proc = sglpatch("apply", "--project", str(project_copy), "--workdir", str(ctx["tmp"] / "fork"), "--source", "sdist", "--venv", str(new),
                     "--release-artifact", str(art), "--python", sys.executable, "--installer", "uv", env=e)
     out = proc.stdout + proc.stderr

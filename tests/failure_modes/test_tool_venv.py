@@ -157,8 +157,8 @@ def test_half_built_venv_is_built_again(env, project_copy, tmp_path, how):
     art = release(tmp_path, ["sglpatch-fake-dep==1.0"])
     new = tmp_path / "new"
     registry = dict(os.environ, **env["env"])
-    registry.pop("UV_DEFAULT_INDEX")  # the editable build needs setuptools from the registry (uv's cache)
-    registry.pop("PIP_NO_INDEX")
+    registry.pop("UV_DEFAULT_INDEX")
+    registry["PIP_INDEX_URL"] = os.environ["PIP_INDEX_URL"]  # the editable build's setuptools: uv is handed pip's index
     args = ("apply", "--project", str(project_copy), "--workdir", str(tmp_path / "fork"), "--source", "sdist", "--venv", str(new),
             "--release-artifact", str(art), "--python", sys.executable, "--installer", "uv")
 

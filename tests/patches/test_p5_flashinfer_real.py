@@ -71,8 +71,9 @@ print("RESULT" + json.dumps(out))
 
 @pytest.fixture(scope="module")
 def result(patched_tree, tmp_path_factory):
-    py = venv_0523()
-    assert py.exists(), "scripts/test.sh builds the 0.5.23 test venv (SGLPATCH_TEST_VENV_0523)"
+    py = venv_0523()  # $SGLPATCH_TEST_VENV_0523, else .venv-0523 (also where the variable is unset: the mutants' runs)
+    if not py.exists():  # the suite's own venv (scripts/test.sh builds it), not the code under test: the user's cpu tier has none
+        pytest.skip("needs the 0.5.23 test venv (scripts/test.sh builds it) for flashinfer 0.7.2")
     cwd = tmp_path_factory.mktemp("realfi")
     env = dict(os.environ, PYTHONPATH=str(patched_tree / "python"), CUDA_VISIBLE_DEVICES="", TMPDIR=str(cwd))
     proc = subprocess.run([str(py), "-c", CODE], capture_output=True, text=True, env=env, cwd=cwd, timeout=300)
