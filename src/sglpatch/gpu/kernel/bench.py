@@ -52,10 +52,9 @@ import json
 import re
 import statistics
 import time
-import traceback
 
 from sglpatch.gpu.kernel.microbench.backends import ALL_BACKENDS, backend_class
-from sglpatch.gpu.kernel.microbench.common import Ctx, Watchdog, gather, percentile, set_up_backend
+from sglpatch.gpu.kernel.microbench.common import Ctx, Watchdog, gather, on_every_rank, percentile, set_up_backend
 from sglpatch.gpu.kernel.microbench.hardware import cpu_info, hardware_info, nvlink_from_topo
 from sglpatch.gpu.kernel.microbench.measure import measure
 from sglpatch.gpu.kernel.microbench.replay import DEFAULT_REPLAYS, run_replay
@@ -184,18 +183,13 @@ def measure_row(ctx, backend, label: str, rows: int, mode: str, reason: str | No
         row.update(status="declined", detail=reason)
         return row
     wd.beat(f"{label} [{rows},{args.hidden}] {mode}")
-    try:
+    def work():
         m = measure(backend, ctx, rows, mode, beat=wd.beat)
-        local = {"ok": m["ok"], "err": m["max_abs_err"], "detail": m["detail"], "times": m["times_us"], "exc": None}
-    except Exception as e:  # noqa: BLE001
-        local = {"ok": False, "err": None, "detail": "", "times": [], "exc": f"{type(e).__name__}: {e}"}
-        traceback.print_exc()
-        if ctx.is_cuda:
-            ctx.torch.cuda.synchronize()
-    allr = gather(ctx, local)
-    excs = [a["exc"] for a in allr if a["exc"]]
-    if excs:
-        row.update(status="error", detail=excs[0])
+        return {"ok": m["ok"], "err": m["max_abs_err"], "detail": m["detail"], "times": m["times_us"]}
+
+    allr, exc = on_every_rank(ctx, work, failed={"ok": False, "err": None, "detail": "", "times": []})
+    if exc:
+        row.update(status="error", detail=exc)
         return row
     n = min(len(a["times"]) for a in allr)
     # the rank that reached the sample last waits for nobody: its time is the collective's

@@ -31,6 +31,21 @@ def gather(ctx, obj):
     return out
 
 
+def on_every_rank(ctx, work, failed: dict | None = None, sync: bool = True):
+    """Run work() (a dict) on this rank and gather every rank's: (results, the first rank's exception
+    or None). A raise is one line in its result's `exc` ({**failed, exc}), its traceback printed; after
+    it, on CUDA, the device is synchronized (sync) so that the next collective starts clean."""
+    try:
+        local = {**work(), "exc": None}
+    except Exception as e:  # noqa: BLE001
+        traceback.print_exc()
+        local = {**(failed or {}), "exc": f"{type(e).__name__}: {e}"}
+        if sync and ctx.is_cuda:
+            ctx.torch.cuda.synchronize()
+    allr = gather(ctx, local)
+    return allr, next((a["exc"] for a in allr if a["exc"]), None)
+
+
 def percentile(values: list[float], q: float) -> float:
     """Nearest-rank-with-interpolation percentile (q in 0..100)."""
     v = sorted(values)

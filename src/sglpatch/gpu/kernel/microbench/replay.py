@@ -16,10 +16,11 @@ replayed, with the same bookkeeping.
 
 from __future__ import annotations
 
-import traceback
+import functools
 
 from sglpatch.gpu.kernel.microbench.common import (
     BF16_NORM_ATOL, BF16_NORM_RTOL, RMS_EPS, Backend, add_rmsnorm_reference, gather, norm_inputs,
+    on_every_rank,
 )
 from sglpatch.gpu.kernel.microbench.stress import value_bound
 
@@ -127,17 +128,9 @@ def run_replay(ctx, backend, label: str, sizes: list[int], n: int, wd, log) -> l
         if any(reasons):
             out.append({**row, "status": "declined", "detail": next(r for r in reasons if r)})
             continue
-        try:
-            local = {**replay_one(backend, ctx, rows, n, wd.beat), "exc": None}
-        except Exception as e:  # noqa: BLE001
-            traceback.print_exc()
-            local = {"exc": f"{type(e).__name__}: {e}"}
-            if ctx.is_cuda:
-                ctx.torch.cuda.synchronize()
-        allr = gather(ctx, local)
-        excs = [a["exc"] for a in allr if a["exc"]]
-        if excs:
-            row.update(status="error", detail=excs[0])
+        allr, exc = on_every_rank(ctx, functools.partial(replay_one, backend, ctx, rows, n, wd.beat))
+        if exc:
+            row.update(status="error", detail=exc)
         else:
             firsts = [a["first_mismatch"] for a in allr if a["first_mismatch"]]
             first = min(firsts, key=lambda f: (f["replay"], f["rank"])) if firsts else None

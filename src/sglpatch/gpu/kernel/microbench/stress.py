@@ -12,11 +12,11 @@ makes no progress for --stress-step-timeout s.
 
 from __future__ import annotations
 
+import functools
 import time
-import traceback
 
 from sglpatch.gpu.kernel.microbench.backends import NcclBackend, backend_class
-from sglpatch.gpu.kernel.microbench.common import Backend, Watchdog, gather, set_up_backend
+from sglpatch.gpu.kernel.microbench.common import Backend, Watchdog, gather, on_every_rank, set_up_backend
 from sglpatch.gpu.kernel.microbench.measure import CpuReplay
 
 STRESS_DEFAULT_SIZES = [1, 2, 3, 4, 8, 16]
@@ -254,19 +254,12 @@ def run_stress(ctx, wanted: list[str], modes: list[str], log) -> dict:
             log(f"stress {label} {mode}: {args.stress} iterations in groups of {len(sizes) * args.stress_repeat} "
                 f"back-to-back ops (rows {sizes} x {ctx.hidden} bf16, {args.stress_repeat} each), every result "
                 f"checked against NCCL")
-            try:
-                local = stress_one(backend, ctx, mode, sizes, wd)
-                local["exc"] = None
-            except Exception as e:  # noqa: BLE001
-                traceback.print_exc()
-                local = {"exc": f"{type(e).__name__}: {e}"}
-            allr = gather(ctx, local)
+            allr, exc = on_every_rank(ctx, functools.partial(stress_one, backend, ctx, mode, sizes, wd), sync=False)
             row = {"backend": label, "mode": mode, "sizes": sizes, "declined_sizes": declined,
                    "hidden": ctx.hidden, "iterations_requested": args.stress,
                    "graph_impl": ("cuda_graph" if ctx.is_cuda else "cpu_replay") if mode == "graph" else None}
-            excs = [a["exc"] for a in allr if a["exc"]]
-            if excs:
-                row.update(status="error", detail=excs[0], iterations_done=min(a.get("iterations_done", 0) for a in allr))
+            if exc:
+                row.update(status="error", detail=exc, iterations_done=min(a.get("iterations_done", 0) for a in allr))
             else:
                 row.update(merge_stress_ranks(allr))
                 done = row["iterations_done"]
