@@ -46,3 +46,31 @@ def run_ranks(ws, child, deadline, *args):
         ranks[str(rank)] = r
     return {"blocked": len(alive), "ranks": ranks}
 '''
+
+
+# CUDA tensors on the CPU, for the scripts that drive GroupCoordinator (P5's and P7's tests): a CudaLike
+# says it lives on a CUDA device (DEVICES[rank], or the device it was made for) and computes on its CPU
+# elem; SGLang's own custom ops (namespace "sglang") are logged in OPS and redispatched to their CUDA
+# kernel registration; on_cpu(torch.empty) makes one where the code asks for a CUDA tensor. Source text
+# as RANK_RUNNER is: the script defines torch, dist, tree_map, DEVICES and OPS before it.
+CUDA_LIKE = r'''
+class CudaLike(torch.Tensor):
+    @staticmethod
+    def __new__(cls, elem, device=None):
+        device = device or torch.device("cuda", DEVICES[dist.get_rank()])
+        return torch.Tensor._make_wrapper_subclass(cls, elem.shape, strides=elem.stride(), dtype=elem.dtype, device=device)
+    def __init__(self, elem, device=None):
+        self.elem = elem
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        if func.namespace == "sglang":
+            OPS.append([func.__name__.split(".")[0]] + [a for a in (*args, *(kwargs or {}).values()) if isinstance(a, str)])
+            return func.redispatch(torch._C.DispatchKeySet(torch._C.DispatchKey.CUDA), *args, **(kwargs or {}))
+        un = lambda x: x.elem if isinstance(x, CudaLike) else x
+        return func(*tree_map(un, args), **tree_map(un, kwargs or {}))
+def on_cpu(make):
+    def alloc(*a, device=None, **k):
+        cuda = device is not None and torch.device(device).type == "cuda"
+        return CudaLike(make(*a, **k), torch.device(device)) if cuda else make(*a, device=device, **k)
+    return alloc
+'''

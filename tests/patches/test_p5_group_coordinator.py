@@ -27,7 +27,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from forked_ranks import RANK_RUNNER
+from forked_ranks import CUDA_LIKE, RANK_RUNNER
 
 CODE = r'''
 import __future__, ast, contextlib, datetime, hashlib, importlib, importlib.metadata, json, logging, os, sys, tempfile, types
@@ -41,27 +41,7 @@ CALLS, OPS, LOG, PROBES, CUR, CAPTURING, MATRIX, FAIL = [], [], [], [], [None], 
 N = types.SimpleNamespace
 def fail(why): raise RuntimeError(why)
 
-class CudaLike(torch.Tensor):
-    @staticmethod
-    def __new__(cls, elem, device=None):
-        device = device or torch.device("cuda", DEVICES[dist.get_rank()])
-        return torch.Tensor._make_wrapper_subclass(cls, elem.shape, strides=elem.stride(), dtype=elem.dtype, device=device)
-    def __init__(self, elem, device=None):
-        self.elem = elem
-    @classmethod
-    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
-        if func.namespace == "sglang":
-            OPS.append([func.__name__.split(".")[0]] + [a for a in (*args, *(kwargs or {}).values()) if isinstance(a, str)])
-            return func.redispatch(torch._C.DispatchKeySet(torch._C.DispatchKey.CUDA), *args, **(kwargs or {}))
-        un = lambda x: x.elem if isinstance(x, CudaLike) else x
-        return func(*tree_map(un, args), **tree_map(un, kwargs or {}))
-
-def on_cpu(make):
-    def alloc(*a, device=None, **k):
-        cuda = device is not None and torch.device(device).type == "cuda"
-        return CudaLike(make(*a, **k), torch.device(device)) if cuda else make(*a, device=device, **k)
-    return alloc
-def result(value, inp, tag):
+''' + CUDA_LIKE + r'''def result(value, inp, tag):
     out = CudaLike(torch.full(tuple(inp.shape), value + dist.get_rank(), dtype=inp.dtype))  # exact in bf16
     CALLS.append([tag, list(inp.shape), id(out)])
     return out
